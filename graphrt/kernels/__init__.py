@@ -1,0 +1,40 @@
+"""graphrt's op library: ``torch.library`` custom ops in the ``graphrt::`` namespace.
+
+Importing this package registers every op. Each op has a pure-torch reference
+(``reference.py``), a fake implementation (graphs trace anywhere), a CPU implementation and an
+entry in the NPU lowering table (``npu.py``). The wrappers below check their arguments; graph
+passes call ``torch.ops.graphrt.*`` directly. Kernels import nothing else from graphrt.
+"""
+
+from graphrt.kernels.attention import paged_attention
+from graphrt.kernels.cache import reshape_and_cache, slot_mapping
+from graphrt.kernels.checks import KernelArgumentError
+from graphrt.kernels.norm import fused_add_rms_norm, rms_norm
+from graphrt.kernels.rotary import rotary_embedding
+from graphrt.kernels.sampling import apply_token_bitmask, rejection_sample, sample
+
+OPS = (
+    "slot_mapping",
+    "reshape_and_cache",
+    "paged_attention",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "rotary_embedding",
+    "apply_token_bitmask",
+    "sample",
+    "rejection_sample",
+)
+
+__all__ = [
+    "OPS",
+    "KernelArgumentError",
+    "apply_token_bitmask",
+    "fused_add_rms_norm",
+    "paged_attention",
+    "rejection_sample",
+    "reshape_and_cache",
+    "rms_norm",
+    "rotary_embedding",
+    "sample",
+    "slot_mapping",
+]

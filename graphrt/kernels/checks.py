@@ -1,0 +1,47 @@
+"""Argument checks for the public op wrappers: every error names the argument and its value."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KernelArgumentError(ValueError):
+    """An op was called with a tensor of the wrong shape, dtype or device."""
+
+
+def check_ndim(name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise KernelArgumentError(f"{name} must be a tensor {layout}, got {type(t).__name__}")
+    if t.ndim != ndim:
+        raise KernelArgumentError(f"{name} must be {layout} ({ndim}-D), got shape {tuple(t.shape)}")
+
+
+def check_dim(name: str, t: torch.Tensor, dim: int, size: int, what: str) -> None:
+    if t.shape[dim] != size:
+        raise KernelArgumentError(
+            f"{name} has size {t.shape[dim]} in dim {dim}, expected {size} ({what}); shape {tuple(t.shape)}"
+        )
+
+
+def check_int(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in (torch.int32, torch.int64):
+        raise KernelArgumentError(f"{name} must be int32 or int64, got {t.dtype}")
+
+
+def check_float(name: str, t: torch.Tensor) -> None:
+    if not t.dtype.is_floating_point:
+        raise KernelArgumentError(f"{name} must be a floating-point tensor, got {t.dtype}")
+
+
+def check_same_dtype(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) > 1:
+        got = ", ".join(f"{n}={t.dtype}" for n, t in zip(names, tensors))
+        raise KernelArgumentError(f"{' and '.join(names)} must share a dtype, got {got}")
+
+
+def check_same_device(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        got = ", ".join(f"{n} on {t.device}" for n, t in zip(names, tensors))
+        raise KernelArgumentError(f"all tensors must be on one device, got {got}")

@@ -1,0 +1,95 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from graphrt import kernels
+from graphrt.kernels import KernelArgumentError, reference
+from tests.kernels.paged_batch import make_batch
+
+# (seq_len, query_len): query_len == seq_len is prefill, 1 is decode, between is a continuation.
+row_st = st.tuples(st.integers(1, 48), st.integers(1, 48)).map(lambda t: (t[0], min(t[0], t[1])))
+TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}  # bf16: inputs rounded to 8 bits of mantissa
+
+
+def naive_attention(b, scale):
+    """Per request, per token, per head: softmax over the keys up to the token's position."""
+    block_size = b.k_cache.shape[1]
+    h, hkv = b.q.shape[1], b.k_cache.shape[2]
+    out = torch.zeros(b.q.shape, dtype=torch.float64)
+    for r, (seq_len, q_len) in enumerate(b.rows):
+        start = b.query_start_loc[r].item()
+        for i in range(q_len):
+            pos = seq_len - q_len + i
+            keys = torch.stack([b.k_cache[b.block_tables[r, j // block_size], j % block_size] for j in range(pos + 1)])
+            vals = torch.stack([b.v_cache[b.block_tables[r, j // block_size], j % block_size] for j in range(pos + 1)])
+            for head in range(h):
+                kv = head // (h // hkv)
+                s = keys[:, kv].double() @ b.q[start + i, head].double() * scale
+                out[start + i, head] = torch.softmax(s, 0) @ vals[:, kv].double()
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.lists(row_st, min_size=1, max_size=4),
+    block_size=st.sampled_from([1, 4, 16]),
+    heads=st.sampled_from([(4, 4), (4, 2), (6, 1), (8, 2)]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    pad=st.integers(0, 2),
+)
+def test_paged_attention_matches_naive_loop(rows, block_size, heads, dtype, pad):
+    b = make_batch(rows, block_size, heads[0], heads[1], 16, dtype=dtype, pad_tokens=pad)
+    scale = 16**-0.5
+    got = kernels.paged_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, scale)
+    want = naive_attention(b, scale)
+    n = b.query_start_loc[-1].item()
+    torch.testing.assert_close(got[:n].double(), want[:n], atol=TOL[dtype], rtol=TOL[dtype])
+    assert torch.all(got[n:] == 0), "padding rows must be zero"
+    ref = reference.paged_attention(b.q, None, None, b.k_cache, b.v_cache, None, b.block_tables, b.seq_lens,
+                                    b.query_start_loc, scale)
+    torch.testing.assert_close(got.double(), ref.double(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@settings(max_examples=15, deadline=None)
+@given(rows=st.lists(row_st, min_size=1, max_size=3), block_size=st.sampled_from([2, 8]), pad=st.integers(0, 2))
+def test_fused_write_then_attend_equals_write_then_attend(rows, block_size, pad):
+    b = make_batch(rows, block_size, 4, 2, 8, pad_tokens=pad)
+    kc, vc = b.k_cache.clone(), b.v_cache.clone()
+    fused = kernels.paged_attention(b.q, kc, vc, b.block_tables, b.seq_lens, b.query_start_loc, 0.3,
+                                    k=b.k, v=b.v, slot_mapping=b.slots)
+    kernels.reshape_and_cache(b.k, b.v, b.k_cache, b.v_cache, b.slots)
+    split = kernels.paged_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, 0.3)
+    assert torch.equal(kc, b.k_cache) and torch.equal(vc, b.v_cache)
+    torch.testing.assert_close(fused, split)
+
+
+def test_paged_equals_sdpa_over_contiguous_sequences():
+    rows = [(37, 37), (20, 1), (50, 13), (9, 9)]
+    b = make_batch(rows, 4, 8, 2, 16)
+    kernels.reshape_and_cache(b.k, b.v, b.k_cache, b.v_cache, b.slots)
+    got = kernels.paged_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, 0.25)
+    for r, (seq_len, q_len) in enumerate(rows):
+        # the same sequence laid out contiguously: its K/V rows in position order
+        slots = [b.block_tables[r, j // 4].item() * 4 + j % 4 for j in range(seq_len)]
+        keys = b.k_cache.reshape(-1, 2, 16)[slots].transpose(0, 1)  # [Hkv, L, D]
+        vals = b.v_cache.reshape(-1, 2, 16)[slots].transpose(0, 1)
+        start = b.query_start_loc[r].item()
+        q = b.q[start : start + q_len].transpose(0, 1)
+        mask = torch.ones(q_len, seq_len, dtype=torch.bool).tril(diagonal=seq_len - q_len)
+        want = F.scaled_dot_product_attention(q, keys.repeat_interleave(4, 0), vals.repeat_interleave(4, 0),
+                                              attn_mask=mask, scale=0.25)
+        torch.testing.assert_close(got[start : start + q_len], want.transpose(0, 1), atol=1e-5, rtol=1e-5)
+
+
+def test_bad_arguments_name_the_argument():
+    b = make_batch([(4, 4)], 4, 4, 2, 8)
+    with pytest.raises(KernelArgumentError, match="q"):
+        kernels.paged_attention(b.q[0], b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, 1.0)
+    with pytest.raises(KernelArgumentError, match="kv heads"):
+        kernels.paged_attention(b.q[:, :3], b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, 1.0)
+    with pytest.raises(KernelArgumentError, match="seq_lens"):
+        kernels.paged_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens.float(), b.query_start_loc, 1.0)
+    with pytest.raises(KernelArgumentError, match="together"):
+        kernels.paged_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, 1.0, k=b.k)

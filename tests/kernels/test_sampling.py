@@ -1,0 +1,216 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from graphrt import kernels
+from graphrt.kernels import KernelArgumentError, reference
+
+
+def params(n, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0):
+    return dict(
+        temperature=torch.full((n,), float(temperature)),
+        top_k=torch.full((n,), top_k, dtype=torch.int64),
+        top_p=torch.full((n,), float(top_p)),
+        min_p=torch.full((n,), float(min_p)),
+        seeds=torch.full((n,), seed, dtype=torch.int64),
+        offsets=torch.arange(n, dtype=torch.int64),
+    )
+
+
+def within_bound(counts: torch.Tensor, probs: torch.Tensor, n: int) -> None:
+    """Every empirical frequency within 5 standard errors of its probability (plus 1e-3)."""
+    freq = counts.double() / n
+    bound = 5 * torch.sqrt(probs * (1 - probs) / n) + 1e-3
+    assert torch.all((freq - probs).abs() <= bound), f"freq {freq.tolist()} vs probs {probs.tolist()}"
+
+
+# --- bitmask ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 5), vocab=st.sampled_from([7, 32, 33, 100]), use_indices=st.booleans(),
+       seed=st.integers(0, 1000))
+def test_bitmask_equals_xgrammar_and_naive_loop(rows, vocab, use_indices, seed):
+    import xgrammar
+
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=g)
+    words = (vocab + 31) // 32
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (rows, words), generator=g, dtype=torch.int64).to(torch.int32)
+    indices = torch.randperm(rows, generator=g)[: max(1, rows // 2)] if use_indices else None
+    got = kernels.apply_token_bitmask(logits, bitmask, indices)
+    want = logits.clone()
+    xgrammar.apply_token_bitmask_inplace(want, bitmask, indices=None if indices is None else indices.tolist())
+    assert torch.equal(got, want)
+    naive = logits.clone()
+    for row in range(rows) if indices is None else indices.tolist():
+        for tok in range(vocab):
+            if not (bitmask[row, tok // 32].item() >> (tok % 32)) & 1:
+                naive[row, tok] = float("-inf")
+    assert torch.equal(got, naive)
+    assert torch.equal(got, reference.apply_token_bitmask(logits, bitmask, indices))
+
+
+# --- sample ----------------------------------------------------------------------------------
+
+
+def test_temperature_zero_is_argmax():
+    logits = torch.randn(16, 50)
+    tokens, logprobs = kernels.sample(logits, **params(16, temperature=0.0))
+    assert torch.equal(tokens, logits.argmax(-1))
+    torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0])
+
+
+@pytest.mark.parametrize("kw", [dict(top_k=3), dict(top_p=0.5), dict(min_p=0.2), dict(top_k=5, top_p=0.8, min_p=0.05)])
+def test_no_token_outside_the_filters_is_drawn(kw):
+    n, vocab = 4000, 20
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(1)).repeat(n, 1) * 1.5
+    tokens, _ = kernels.sample(logits, **params(n, temperature=0.9, **kw))
+    probs = torch.softmax(logits[0].double() / 0.9, -1)
+    order = probs.argsort(descending=True)
+    allowed = set(order.tolist())
+    if "top_k" in kw:
+        allowed &= set(order[: kw["top_k"]].tolist())
+    if "top_p" in kw:
+        before = torch.cumsum(probs[order], 0) - probs[order]
+        allowed &= set(order[before < kw["top_p"]].tolist())
+    if "min_p" in kw:
+        allowed &= set(torch.nonzero(probs >= kw["min_p"] * probs.max()).flatten().tolist())
+    assert set(tokens.tolist()) <= allowed
+    assert len(allowed) > 1 and len(set(tokens.tolist())) > 1  # it really samples
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 1.7])
+def test_distribution_matches_softmax_over_temperature(temperature):
+    n, vocab = 40000, 8
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(3)).repeat(n, 1)
+    tokens, _ = kernels.sample(logits, **params(n, temperature=temperature, seed=11))
+    counts = torch.bincount(tokens, minlength=vocab)
+    within_bound(counts, torch.softmax(logits[0].double() / temperature, -1), n)
+
+
+def test_top_k_distribution_is_renormalised_softmax():
+    n, vocab = 40000, 8
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(4)).repeat(n, 1)
+    tokens, _ = kernels.sample(logits, **params(n, top_k=3, seed=5))
+    p = torch.softmax(logits[0].double(), -1)
+    top = p.argsort(descending=True)[:3]
+    want = torch.zeros_like(p)
+    want[top] = p[top] / p[top].sum()
+    within_bound(torch.bincount(tokens, minlength=vocab), want, n)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**40), neighbours=st.integers(1, 7), where=st.integers(0, 7))
+def test_seeded_rows_are_batch_invariant(seed, neighbours, where):
+    g = torch.Generator().manual_seed(seed % 1000)
+    row = torch.randn(1, 300, generator=g)
+    mine = dict(temperature=torch.tensor([0.8]), top_k=torch.tensor([40]), top_p=torch.tensor([0.9]),
+                min_p=torch.tensor([0.0]), seeds=torch.tensor([seed]), offsets=torch.tensor([17]))
+    alone, _ = kernels.sample(row, **mine)
+    others = torch.randn(neighbours, 300, generator=g) * 3
+    pos = where % (neighbours + 1)
+    batch = torch.cat((others[:pos], row, others[pos:]))
+    n = neighbours + 1
+
+    def mix(key, fill):
+        t = fill.clone()
+        t[pos] = mine[key][0]
+        return t
+
+    bp = dict(
+        temperature=mix("temperature", torch.rand(n) * 2),
+        top_k=mix("top_k", torch.randint(0, 50, (n,))),
+        top_p=mix("top_p", torch.rand(n) * 0.5 + 0.5),
+        min_p=mix("min_p", torch.rand(n) * 0.1),
+        seeds=mix("seeds", torch.randint(0, 2**40, (n,))),
+        offsets=mix("offsets", torch.randint(0, 100, (n,))),
+    )
+    together, _ = kernels.sample(batch, **bp)
+    assert together[pos] == alone[0]
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10**6), temperature=st.sampled_from([0.0, 0.7, 1.3]), top_k=st.sampled_from([0, 5]),
+       top_p=st.sampled_from([1.0, 0.7]), min_p=st.sampled_from([0.0, 0.1]))
+def test_sample_equals_reference(seed, temperature, top_k, top_p, min_p):
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(seed))
+    p = params(6, temperature, top_k, top_p, min_p, seed)
+    got, got_lp = kernels.sample(logits, **p)
+    want, want_lp = reference.sample(logits, **p)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got_lp, want_lp)
+
+
+def test_bad_sample_arguments():
+    with pytest.raises(KernelArgumentError, match="top_k"):
+        kernels.sample(torch.randn(2, 5), **{**params(2), "top_k": torch.zeros(3, dtype=torch.long)})
+    with pytest.raises(KernelArgumentError, match="seeds"):
+        kernels.sample(torch.randn(2, 5), **{**params(2), "seeds": torch.zeros(2)})
+
+
+# --- rejection sampling ----------------------------------------------------------------------
+
+
+def greedy_logits(argmaxes: list[list[int]], vocab: int = 10) -> torch.Tensor:
+    out = torch.zeros(len(argmaxes), len(argmaxes[0]), vocab)
+    for r, row in enumerate(argmaxes):
+        for i, tok in enumerate(row):
+            out[r, i, tok] = 5.0
+    return out
+
+
+def rs(drafts, counts, logits, temperature=0.0, draft_probs=None, seed=0):
+    n = len(drafts)
+    return kernels.rejection_sample(
+        torch.tensor(drafts), torch.tensor(counts), logits, torch.full((n,), temperature),
+        torch.full((n,), seed, dtype=torch.long), torch.zeros(n, dtype=torch.long), draft_probs=draft_probs,
+    )
+
+
+def test_greedy_rejection_exact_cases():
+    logits = greedy_logits([[1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]])
+    out = rs([[1, 2, 3], [1, 7, 3], [0, 0, 0], [9, 9, 0]], [3, 3, 0, 2], logits)
+    assert out.tolist() == [
+        [1, 2, 3, 4],  # all accepted + bonus
+        [1, 2, -1, -1],  # mismatch at 1: target token emitted, rest unused
+        [5, -1, -1, -1],  # empty draft: just the target token
+        [9, 9, 9, -1],  # two drafts accepted + bonus at position 2
+    ]
+    ref = reference.rejection_sample(torch.tensor([[1, 2, 3], [1, 7, 3], [0, 0, 0], [9, 9, 0]]),
+                                     torch.tensor([3, 3, 0, 2]), None, logits, torch.zeros(4),
+                                     torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long))
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("with_draft_probs", [True, False])
+def test_random_rejection_emits_the_target_distribution(with_draft_probs):
+    n, vocab = 12000, 5
+    g = torch.Generator().manual_seed(0)
+    target = torch.tensor([2.0, 0.5, 0.0, -1.0, 1.0])
+    p = torch.softmax(target.double(), -1)
+    q = torch.tensor([0.05, 0.6, 0.2, 0.1, 0.05], dtype=torch.double)  # a draft far from the target
+    drafts = torch.multinomial(q.float(), n, replacement=True, generator=g)[:, None]
+    logits = target.repeat(n, 2, 1)
+    dp = q.float().repeat(n, 1, 1) if with_draft_probs else None
+    out = kernels.rejection_sample(drafts, torch.ones(n, dtype=torch.long), logits, torch.ones(n),
+                                   torch.arange(n), torch.zeros(n, dtype=torch.long), draft_probs=dp)
+    first = out[:, 0]
+    if with_draft_probs:
+        within_bound(torch.bincount(first, minlength=vocab), p, n)
+    else:  # one-hot drafts: the draw given each draft token is the target distribution too
+        for d in range(vocab):
+            sel = first[drafts[:, 0] == d]
+            within_bound(torch.bincount(sel, minlength=vocab), p, sel.numel())
+    ref = reference.rejection_sample(drafts[:200], torch.ones(200, dtype=torch.long),
+                                     None if dp is None else dp[:200], logits[:200], torch.ones(200),
+                                     torch.arange(200), torch.zeros(200, dtype=torch.long))
+    assert torch.equal(out[:200], ref)
+
+
+def test_bad_rejection_arguments():
+    with pytest.raises(KernelArgumentError, match="num_draft_tokens"):
+        rs([[1, 2]], [3], greedy_logits([[1, 2, 3]]))
+    with pytest.raises(KernelArgumentError, match="target_logits"):
+        rs([[1, 2]], [2], greedy_logits([[1, 2]]))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
 from typing import Any
 
 
@@ -27,8 +30,36 @@ class Tokenizer:
         return self.hf.eos_token_id
 
 
+def cache_root() -> str:
+    """graphrt's per-user cache: $GRAPHRT_CACHE_DIR, else $XDG_CACHE_HOME/graphrt, else ~/.cache/graphrt."""
+    if os.environ.get("GRAPHRT_CACHE_DIR"):
+        return os.environ["GRAPHRT_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "graphrt")
+
+
 def load_hf_tokenizer(model_dir: str, gguf_file: str | None = None) -> Tokenizer:
     from transformers import AutoTokenizer
 
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    return Tokenizer(AutoTokenizer.from_pretrained(model_dir, **kwargs))
+    if not gguf_file:
+        return Tokenizer(AutoTokenizer.from_pretrained(model_dir))
+    # Building a tokenizer from GGUF metadata re-reads the whole file (seconds): keep the result,
+    # keyed by the file's identity, and load that next time.
+    path = os.path.abspath(os.path.join(model_dir, gguf_file))
+    st = os.stat(path)
+    key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:24]
+    cached = os.path.join(cache_root(), "tokenizers", key)
+    if os.path.exists(os.path.join(cached, "tokenizer_config.json")):
+        try:
+            return Tokenizer(AutoTokenizer.from_pretrained(cached))
+        except Exception:  # a broken cache entry: rebuild it below
+            pass
+    tok = AutoTokenizer.from_pretrained(model_dir, gguf_file=gguf_file)
+    try:
+        tmp = f"{cached}.tmp-{os.getpid()}"
+        tok.save_pretrained(tmp)
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        os.replace(tmp, cached) if not os.path.exists(cached) else shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:
+        pass  # a read-only home: the cache is an optimisation only
+    return Tokenizer(tok)

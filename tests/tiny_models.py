@@ -58,3 +58,26 @@ def save_tiny(name: str, root: str, seed: int = 0) -> str:
     if not os.path.exists(os.path.join(path, "config.json")):
         make_hf_model(name, seed).save_pretrained(path)
     return path
+
+
+def save_tiny_with_smollm2_tokenizer(root: str, name: str = "llama_gqa", seed: int = 0) -> str:
+    """A tiny random model over SmolLM2's real vocabulary, with its tokenizer files."""
+    import transformers
+
+    from graphrt.loader import default_model_path
+    from graphrt.tokenizer import load_hf_tokenizer
+
+    path = os.path.join(root, f"{name}-smollm2-tok")
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    gguf = default_model_path()
+    tok = load_hf_tokenizer(os.path.dirname(gguf), os.path.basename(gguf)).hf
+    cls_name, overrides = TINY_CONFIGS[name]
+    cfg = getattr(transformers, cls_name)(
+        **{**COMMON, **overrides, "vocab_size": 49152, "bos_token_id": tok.bos_token_id,
+           "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    )
+    torch.manual_seed(seed)
+    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

@@ -61,23 +61,28 @@ def apply_token_bitmask(
 
 
 def filtered_probs(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    skip_unused_sort: bool = True,
 ) -> torch.Tensor:
-    """[N, V] float64 distributions after temperature and the top-k / top-p / min-p sets."""
+    """[N, V] float64 distributions after temperature and the top-k / top-p / min-p sets.
+    ``skip_unused_sort`` skips the sort when no row filters by rank: a host-side branch, which
+    the traceable (graph) form turns off."""
     vocab = logits.shape[1]
     temp = torch.where(temperature > 0, temperature, 1.0).double()
     probs = torch.softmax(logits.double() / temp[:, None], dim=-1)
     keep = probs > 0
-    needs_sort = (top_k > 0) & (top_k < vocab) | (top_p < 1.0)
-    if bool(needs_sort.any()):  # CPU only: skip the sort when no row filters by rank
+    if not skip_unused_sort or bool(((top_k > 0) & (top_k < vocab) | (top_p < 1.0)).any()):
         sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-        rank = torch.arange(vocab)[None, :]
+        rank = torch.arange(vocab, device=logits.device)[None, :]
         k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab).long()
         mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-        keep_sorted = (rank < k[:, None]) & (mass_before < top_p.double()[:, None])
-        keep_sorted[:, 0] = True
-        keep &= torch.zeros_like(keep).scatter(1, order, keep_sorted)
-    keep &= probs >= min_p.double()[:, None] * probs.max(dim=-1, keepdim=True).values
+        keep_sorted = (rank < k[:, None]) & (mass_before < top_p.double()[:, None]) | (rank == 0)
+        keep = keep & torch.zeros_like(keep).scatter(1, order, keep_sorted)
+    keep = keep & (probs >= min_p.double()[:, None] * probs.max(dim=-1, keepdim=True).values)
     probs = torch.where(keep, probs, 0.0)
     return probs / probs.sum(dim=-1, keepdim=True)
 

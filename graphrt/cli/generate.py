@@ -1,0 +1,63 @@
+"""``graphrt generate``: answer prompts and print the text and the speed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from graphrt.cli.common import add_model_args, llm_kwargs
+
+DEFAULT_PROMPT = "What is the capital of France?"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate text for prompts")
+    add_model_args(p)
+    p.add_argument("--prompt", action="append", default=None,
+                   help=f"a prompt (repeatable); default: {DEFAULT_PROMPT!r} with the chat template")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    p.add_argument("--stream", action="store_true", help="print text as it is produced")
+    p.add_argument("--verbose", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from graphrt.llm import LLM
+    from graphrt.sampling_params import SamplingParams
+
+    prompts = args.prompt or [DEFAULT_PROMPT]
+    chat = args.chat or args.prompt is None
+    t0 = time.perf_counter()
+    llm = LLM(**llm_kwargs(args))
+    start_s = time.perf_counter() - t0
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed if args.temperature > 0 else None)
+    t1 = time.perf_counter()
+    if args.stream:
+        counts = [0] * len(prompts)
+        for ev in llm.generate_stream(prompts, params, chat=chat):
+            counts[ev.index] += len(ev.token_ids)
+            prefix = f"[{ev.index}] " if len(prompts) > 1 else ""
+            sys.stdout.write(f"{prefix}{ev.text}" if ev.text else "")
+            if ev.finish_reason:
+                sys.stdout.write("\n")
+            sys.stdout.flush()
+        num_tokens = sum(counts)
+    else:
+        outputs = llm.generate(prompts, params, use_tqdm=False, chat=chat)
+        for i, out in enumerate(outputs):
+            if len(prompts) > 1:
+                print(f"--- prompt {i}: {prompts[i]!r}")
+            print(out.text if llm.tokenizer is not None else out.token_ids)
+        num_tokens = sum(len(o.token_ids) for o in outputs)
+    gen_s = time.perf_counter() - t1
+    print(f"[graphrt] {num_tokens} tokens in {gen_s:.2f} s: {num_tokens / gen_s:.1f} tokens/s "
+          f"(start-up {start_s:.1f} s)", file=sys.stderr)
+    if args.verbose:
+        print(f"[graphrt] stats: {llm.stats()}", file=sys.stderr)
+    return 0

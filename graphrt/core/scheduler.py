@@ -1,0 +1,202 @@
+"""Continuous batching with chunked prefill, decode-first priority and preemption by recompute.
+
+Pure Python, no torch. Each ``schedule()`` fills one step under ``max_num_seqs`` and
+``max_num_batched_tokens``: running requests first (decodes and prefill continuations, oldest
+first), then waiting ones. When blocks run out, the newest running request is preempted: its
+blocks are freed and it goes back to the front of the queue to be recomputed later (its tokens so
+far are kept, so it finishes with the same tokens).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from graphrt.core.block_manager import BlockManager
+from graphrt.core.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 256
+    max_model_len: int = 2048
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+
+
+@dataclass(frozen=True)
+class NewRequestData:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]  # non-empty when a preempted request resumes
+    block_ids: tuple[int, ...]
+    num_computed_tokens: int
+    request: Request  # sampling params, seed
+
+
+@dataclass(frozen=True)
+class CachedRequestData:
+    request_id: str
+    new_block_ids: tuple[int, ...]
+    num_computed_tokens: int
+    new_token_ids: tuple[int, ...]  # tokens sampled since the runner last saw the request
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    new_requests: tuple[NewRequestData, ...]
+    cached_requests: tuple[CachedRequestData, ...]
+    num_scheduled_tokens: dict[str, int]  # in step order
+    finished_request_ids: frozenset[str]  # finished, aborted or preempted since the last step
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+
+@dataclass
+class _RunnerView:
+    """What the runner already knows of a running request (to send only the changes)."""
+
+    num_blocks: int
+    num_tokens: int
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self._runner_view: dict[str, _RunnerView] = {}
+        self._finished_since_step: set[str] = set()
+
+    # --- requests in and out ------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish(self, request: Request, reason: str) -> None:
+        """Finish (or abort) a request: free its blocks, forget it."""
+        if request.finished:
+            return
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.blocks.free(request.request_id)
+        self.requests.pop(request.request_id, None)
+        if self._runner_view.pop(request.request_id, None) is not None:
+            self._finished_since_step.add(request.request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- one step -----------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        scheduled: dict[str, int] = {}
+        new_reqs: list[NewRequestData] = []
+        cached: list[CachedRequestData] = []
+
+        # 1. Running requests, oldest first; preempt the newest when blocks run short.
+        preemptions_before = self.num_preemptions
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            while self.blocks.allocate(req.request_id, req.num_computed_tokens + num_new) is None:
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is req:
+                    break
+            if req.status != RequestStatus.RUNNING:
+                break  # req itself was preempted: nothing after it can run either
+            scheduled[req.request_id] = num_new
+            budget -= num_new
+            i += 1
+
+        # 2. Waiting requests, in order, while there is room (not after a preemption: the room
+        #    is not there, and the preempted request would thrash).
+        preempted = self.num_preemptions != preemptions_before
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            fresh = req.request_id not in self.blocks.tables
+            if fresh:
+                req.num_computed_tokens = self.blocks.match_prefix(req.request_id, req.all_token_ids)
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if self.blocks.allocate(req.request_id, req.num_computed_tokens + num_new) is None:
+                if fresh and not self.running:
+                    raise RuntimeError(
+                        f"request {req.request_id} needs more KV blocks than the cache holds "
+                        f"({self.blocks.num_usable_blocks}); it should have been rejected at submission"
+                    )
+                self.blocks.free(req.request_id)  # give back any prefix blocks it took
+                req.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled[req.request_id] = num_new
+            budget -= num_new
+
+        # 3. Describe the step for the runner: full data for requests it has not seen, changes
+        #    for the rest.
+        for rid in scheduled:
+            req = self.requests[rid]
+            table = self.blocks.block_table(rid)
+            view = self._runner_view.get(rid)
+            if view is None:
+                new_reqs.append(
+                    NewRequestData(rid, tuple(req.prompt_token_ids), tuple(req.output_token_ids),
+                                   tuple(table), req.num_computed_tokens, req)
+                )
+                self._runner_view[rid] = _RunnerView(len(table), req.num_tokens)
+            else:
+                cached.append(
+                    CachedRequestData(rid, tuple(table[view.num_blocks :]), req.num_computed_tokens,
+                                      tuple(req.all_token_ids[view.num_tokens :]))
+                )
+                view.num_blocks, view.num_tokens = len(table), req.num_tokens
+        out = SchedulerOutput(tuple(new_reqs), tuple(cached), scheduled, frozenset(self._finished_since_step))
+        self._finished_since_step.clear()
+        return out
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.blocks.free(req.request_id)
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        if self._runner_view.pop(req.request_id, None) is not None:
+            self._finished_since_step.add(req.request_id)
+
+    def after_step(self, out: SchedulerOutput) -> list[Request]:
+        """Advance every scheduled request by its tokens; returns those whose prompt is done and
+        so sampled a token this step."""
+        sampled = []
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            req.num_computed_tokens += n
+            self.blocks.cache_full_blocks(rid, req.all_token_ids, req.num_computed_tokens)
+            if req.num_computed_tokens == req.num_tokens:
+                sampled.append(req)
+        return sampled

@@ -1,0 +1,262 @@
+"""The engine core: requests in, one scheduled step at a time, outputs back.
+
+Start-up runs in one documented order (``start``): load the model, profile a worst-case step,
+size and allocate the KV cache, build the scheduler and runner, capture the graphs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphrt.core.block_manager import BlockManager
+from graphrt.core.request import Request
+from graphrt.core.scheduler import NewRequestData, Scheduler, SchedulerConfig, SchedulerOutput
+from graphrt.core.stop import Detokenizer, token_stop_reason
+from graphrt.loader import LoadedModel, load_model, resolve_dtype
+from graphrt.outputs import RequestOutput
+from graphrt.runner.graph_cache import CaptureSizes, GraphCache
+from graphrt.runner.kv_cache import (
+    CacheConfig,
+    KVCachePlan,
+    allocate_kv_caches,
+    peak_rss_bytes,
+    plan_kv_cache,
+)
+from graphrt.runner.model_runner import ModelRunner
+from graphrt.runner.step_module import StepModule
+from graphrt.sampling_params import InvalidRequestError, SamplingParams
+
+
+class EngineStepError(RuntimeError):
+    """A step failed; the requests in it were ended with finish_reason='error'."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: Any = None
+    dtype: str = "float32"
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 256
+    max_model_len: int | None = None
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    seed: int = 0
+    capture_sizes: CaptureSizes | None = None
+
+
+@dataclass
+class _Tracked:
+    request: Request
+    detok: Detokenizer
+    output: RequestOutput
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.dtype = resolve_dtype(config.dtype)
+        self._rng = random.Random(config.seed)
+        self._ids = itertools.count()
+        self._tracked: dict[str, _Tracked] = {}
+
+    # --- start-up, in this order ---------------------------------------------------------------
+
+    def start(self) -> LLMEngine:
+        self.load()
+        self.profile_run()
+        self.initialize_kv_cache()
+        self.capture_model()
+        return self
+
+    def load(self) -> None:
+        self.loaded: LoadedModel = load_model(self.config.model, self.dtype)
+        cfg = self.loaded.config
+        limit = cfg.max_position_embeddings
+        self.max_model_len = min(limit, 2048) if self.config.max_model_len is None else self.config.max_model_len
+        if self.max_model_len > limit or self.max_model_len < 2:
+            raise ValueError(f"max_model_len={self.max_model_len} must lie in [2, {limit}] for this model")
+        self.sched_config = SchedulerConfig(
+            self.config.max_num_seqs, min(self.config.max_num_batched_tokens, self.max_model_len), self.max_model_len
+        )
+        self.block_size = self.config.cache.block_size
+        self.max_blocks = -(-self.max_model_len // self.block_size)
+        self.step_module = StepModule(self.loaded.model, self.block_size)
+        sizes = self.config.capture_sizes or CaptureSizes.default(
+            self.sched_config.max_num_seqs, self.sched_config.max_num_batched_tokens
+        )
+        self.graphs = GraphCache(sizes, self.sched_config.max_num_seqs, self.max_blocks, -(-cfg.vocab_size // 32))
+
+    def profile_run(self) -> int:
+        """Run one dummy step at the largest batch and token budget (one long prefill row, the
+        other rows decoding); returns its peak memory growth in bytes (process peak RSS on CPU)."""
+        s = self.sched_config
+        num_tokens = s.max_num_batched_tokens
+        num_reqs = min(s.max_num_seqs, num_tokens)
+        lens = [num_tokens - (num_reqs - 1)] + [1] * (num_reqs - 1)
+        blocks = BlockManager(num_reqs * self.max_blocks + 1, self.block_size, False)
+        caches = allocate_kv_caches(self.loaded.config, blocks.pool.num_blocks, self.block_size, self.dtype)
+        runner = ModelRunner(self.step_module, caches, self.graphs, num_reqs, self.max_model_len)
+        new, scheduled = [], {}
+        for i, n in enumerate(lens):
+            rid = f"profile-{i}"
+            ctx = max(n, 2)
+            params = SamplingParams(max_tokens=1, temperature=1.0, top_k=5)
+            req = Request(rid, [0] * ctx, params, seed=0)
+            new.append(NewRequestData(rid, tuple(req.prompt_token_ids), (), tuple(blocks.allocate(rid, ctx)), ctx - n, req))
+            scheduled[rid] = n
+        before = peak_rss_bytes()
+        runner.execute(SchedulerOutput(tuple(new), (), scheduled, frozenset()))
+        self.activation_peak = max(peak_rss_bytes() - before, 0)
+        return self.activation_peak
+
+    def initialize_kv_cache(self) -> KVCachePlan:
+        self.kv_plan = plan_kv_cache(
+            self.loaded.config, self.config.cache, self.dtype, self.max_model_len, self.activation_peak
+        )
+        self.kv_caches = allocate_kv_caches(
+            self.loaded.config, self.kv_plan.num_blocks, self.block_size, self.dtype
+        )
+        self.blocks = BlockManager(
+            self.kv_plan.num_blocks, self.block_size, self.config.cache.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(self.sched_config, self.blocks)
+        self.runner = ModelRunner(
+            self.step_module, self.kv_caches, self.graphs, self.sched_config.max_num_seqs, self.max_model_len
+        )
+        return self.kv_plan
+
+    def capture_model(self) -> None:
+        """Compile or load the graph of every key. Eager mode: nothing to capture."""
+
+    # --- requests ------------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    def tokenize(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError(
+                    "this checkpoint has no tokenizer files: pass prompts as lists of token ids"
+                )
+            ids = self.tokenizer.apply_chat_template(prompt) if chat else self.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
+        self._check_prompt(ids)
+        return ids
+
+    def _check_prompt(self, ids: list[int]) -> None:
+        vocab = self.loaded.config.vocab_size
+        if not ids:
+            raise InvalidRequestError("the prompt is empty: give at least one token")
+        for i, t in enumerate(ids):
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+                raise InvalidRequestError(f"prompt token {i} is {t!r}: token ids must be ints in [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens; max_model_len={self.max_model_len} leaves no room "
+                f"to generate (prompts must be shorter than max_model_len)"
+            )
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams | dict | None = None, chat: bool = False
+    ) -> str:
+        """Validate and queue one request; raises InvalidRequestError (and queues nothing)."""
+        if params is None:
+            params = SamplingParams()
+        elif isinstance(params, dict):
+            params = SamplingParams.from_dict(params)
+        elif not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"sampling params must be SamplingParams or a dict, got {type(params).__name__}")
+        ids = self.tokenize(prompt, chat)
+        self.validate_params(params)
+        rid = str(next(self._ids))
+        seed = params.seed if params.seed is not None else self._rng.randrange(1 << 62)
+        req = Request(rid, ids, params, seed, self.loaded.eos_token_ids)
+        stops = params.stop
+        self._tracked[rid] = _Tracked(req, Detokenizer(self.tokenizer, stops), RequestOutput(rid, list(ids)))
+        self.scheduler.add_request(req)
+        return rid
+
+    def validate_params(self, params: SamplingParams) -> None:
+        """Engine-level checks of params (the grammar hooks in here)."""
+        vocab = self.loaded.config.vocab_size
+        bad = [t for t in params.stop_token_ids if t >= vocab]
+        if bad:
+            raise InvalidRequestError(f"stop_token_ids {bad} are outside the vocabulary [0, {vocab})")
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop strings need a tokenizer; this checkpoint has none")
+
+    def abort(self, request_id: str) -> None:
+        tracked = self._tracked.get(request_id)
+        if tracked is not None and not tracked.request.finished:
+            self._finish(tracked, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # --- one step ------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; returns the outputs of the requests it advanced (and of any
+        finished ones), each the request's whole output so far."""
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        try:
+            result = self.runner.execute(out)
+        except Exception as e:
+            failed = [self._tracked[rid] for rid in out.num_scheduled_tokens if rid in self._tracked]
+            for tracked in failed:
+                self._finish(tracked, "error")
+            raise EngineStepError(f"step failed, {len(failed)} request(s) ended with 'error': {e}") from e
+        changed = []
+        for req in self.scheduler.after_step(out):
+            tracked = self._tracked[req.request_id]
+            token = result.sampled[req.request_id]
+            req.output_token_ids.append(token)
+            req.output_logprobs.append(result.logprobs[req.request_id])
+            reason = token_stop_reason(req, token, self.max_model_len)
+            if tracked.detok.update(req.output_token_ids) and reason is None:
+                reason = "stop"
+            self._sync_output(tracked)
+            if reason is not None:
+                self._finish(tracked, reason)
+            changed.append(tracked.output)
+        return changed
+
+    def _sync_output(self, tracked: _Tracked) -> None:
+        o, req = tracked.output, tracked.request
+        o.token_ids = list(req.output_token_ids)
+        o.text = tracked.detok.text
+        if req.params.logprobs:
+            o.logprobs = list(req.output_logprobs)
+
+    def _finish(self, tracked: _Tracked, reason: str) -> None:
+        self.scheduler.finish(tracked.request, reason)
+        self._sync_output(tracked)
+        tracked.output.finish_reason = reason
+
+    def output(self, request_id: str) -> RequestOutput:
+        return self._tracked[request_id].output
+
+    def detokenizer(self, request_id: str) -> Detokenizer:
+        return self._tracked[request_id].detok
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request's output."""
+        self._tracked.pop(request_id, None)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "compiles": getattr(self, "num_compiles", 0),
+            "graph_hits": self.graphs.hits,
+            "graph_misses": self.graphs.misses,
+            "total_blocks": self.blocks.num_usable_blocks,
+            "free_blocks": self.blocks.num_free_blocks,
+            "prefix_cache_hits": self.blocks.prefix_cache_hits,
+            "preemptions": self.scheduler.num_preemptions,
+        }

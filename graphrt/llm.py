@@ -1,0 +1,114 @@
+"""graphrt.LLM: the Python entry point. Batch generation, streaming, stats."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from graphrt.engine import EngineConfig, LLMEngine
+from graphrt.outputs import RequestOutput, StreamEvent
+from graphrt.runner.graph_cache import CaptureSizes
+from graphrt.runner.kv_cache import CacheConfig
+from graphrt.sampling_params import InvalidRequestError, SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: Any = None,
+        dtype: str = "float32",
+        max_num_seqs: int = 8,
+        max_num_batched_tokens: int = 256,
+        max_model_len: int | None = None,
+        kv_cache_memory: int | None = None,
+        kv_cache_fraction: float = 0.1,
+        block_size: int = 16,
+        enable_prefix_caching: bool = True,
+        seed: int = 0,
+        capture_sizes: CaptureSizes | None = None,
+    ) -> None:
+        cache = CacheConfig(block_size, kv_cache_memory, kv_cache_fraction, enable_prefix_caching)
+        config = EngineConfig(
+            model, dtype, max_num_seqs, max_num_batched_tokens, max_model_len, cache, seed, capture_sizes
+        )
+        self.engine = LLMEngine(config).start()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def stats(self) -> dict[str, int]:
+        return self.engine.stats()
+
+    def _submit(self, prompts: Sequence[Prompt] | Prompt, params, chat: bool) -> list[str]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # one prompt
+        prompts = list(prompts)
+        if isinstance(params, (list, tuple)):
+            if len(params) != len(prompts):
+                raise InvalidRequestError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+            per_prompt = list(params)
+        else:
+            per_prompt = [params] * len(prompts)
+        # Validate everything before queueing anything: a bad prompt rejects the whole call and
+        # leaves the engine serving whatever else it runs.
+        for i, (p, sp) in enumerate(zip(prompts, per_prompt)):
+            try:
+                self.engine.tokenize(p, chat)
+                if isinstance(sp, dict):
+                    SamplingParams.from_dict(sp)
+            except InvalidRequestError as e:
+                raise InvalidRequestError(f"prompt {i}: {e}") from None
+        return [self.engine.add_request(p, sp, chat) for p, sp in zip(prompts, per_prompt)]
+
+    def generate(
+        self,
+        prompts: Sequence[Prompt] | Prompt,
+        sampling_params: SamplingParams | dict | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat: bool = False,
+    ) -> list[RequestOutput]:
+        ids = self._submit(prompts, sampling_params, chat)
+        pending = set(ids)
+        bar = tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm or len(ids) < 2)
+        while pending:
+            self.engine.step()
+            done = {rid for rid in pending if self.engine.output(rid).finished}
+            bar.update(len(done))
+            pending -= done
+        bar.close()
+        outputs = [self.engine.output(rid) for rid in ids]
+        for rid in ids:
+            self.engine.release(rid)
+        return outputs
+
+    def generate_stream(
+        self,
+        prompts: Sequence[Prompt] | Prompt,
+        sampling_params: SamplingParams | dict | Sequence[SamplingParams] | None = None,
+        chat: bool = False,
+    ) -> Iterator[StreamEvent]:
+        """Yield each request's new text (and tokens) as it is produced; the last event of a
+        request carries its finish_reason."""
+        ids = self._submit(prompts, sampling_params, chat)
+        index = {rid: i for i, rid in enumerate(ids)}
+        sent = {rid: 0 for rid in ids}
+        pending = set(ids)
+        while pending:
+            self.engine.step()
+            for rid in ids:
+                if rid not in pending:
+                    continue
+                out = self.engine.output(rid)
+                text = self.engine.detokenizer(rid).stream_delta(out.finished)
+                new_tokens = tuple(out.token_ids[sent[rid] :])
+                if text or new_tokens or out.finished:
+                    sent[rid] = len(out.token_ids)
+                    yield StreamEvent(index[rid], rid, text, new_tokens, out.finish_reason)
+                if out.finished:
+                    pending.discard(rid)
+                    self.engine.release(rid)

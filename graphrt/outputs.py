@@ -1,0 +1,28 @@
+"""What the engine hands back to users."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None  # "stop", "length", "abort", "error", "grammar"
+    logprobs: list[float] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    index: int  # position of the prompt in the generate call
+    request_id: str
+    text: str  # new text since the last event of this request
+    token_ids: tuple[int, ...]  # new tokens since the last event
+    finish_reason: str | None

@@ -1,0 +1,98 @@
+"""The graph cache: capture sizes, padding and dispatch, and the entry behind every key.
+
+Every step is padded to the next captured size: decode steps (one token per row) by rows, other
+steps by tokens (rows padded to ``min(max_num_seqs, tokens)``). Capture sizes and padding rules
+live here and nowhere else. A step bigger than every captured size runs eager on its exact size
+and is counted as a graph miss; until graphs are compiled or loaded, every key runs eager.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from graphrt.runner.graph_key import GraphKey
+from graphrt.runner.input_buffers import InputBuffers
+from graphrt.runner.step_batch import StepBatch
+
+StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def _powers_of_two_up_to(limit: int, start: int = 1) -> tuple[int, ...]:
+    sizes, s = [], start
+    while s < limit:
+        sizes.append(s)
+        s *= 2
+    return tuple(sizes) + (limit,)
+
+
+@dataclass(frozen=True)
+class CaptureSizes:
+    """Graph sizes per step shape. Defaults: powers of two, so padding wastes under half."""
+
+    decode: tuple[int, ...]  # rows (= tokens) of pure decode steps
+    mixed: tuple[int, ...]  # tokens of prefill / mixed steps
+
+    @classmethod
+    def default(cls, max_num_seqs: int, max_num_batched_tokens: int) -> CaptureSizes:
+        return cls(
+            decode=_powers_of_two_up_to(max_num_seqs),
+            mixed=_powers_of_two_up_to(max_num_batched_tokens, start=min(16, max_num_batched_tokens)),
+        )
+
+    def __post_init__(self) -> None:
+        for name in ("decode", "mixed"):
+            sizes = getattr(self, name)
+            if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
+                raise ValueError(f"capture sizes {name}={sizes!r} must be a non-empty list of positive ints")
+            object.__setattr__(self, name, tuple(sorted(set(sizes))))
+
+
+class GraphCache:
+    def __init__(self, sizes: CaptureSizes, max_num_seqs: int, max_blocks: int, vocab_words: int) -> None:
+        self.sizes = sizes
+        self.max_num_seqs = max_num_seqs
+        self.max_blocks = max_blocks
+        self.vocab_words = vocab_words
+        self.graphs: dict[GraphKey, StepFn] = {}
+        self._buffers: dict[GraphKey, InputBuffers] = {}
+        self.compiling = False  # True once graphs are expected: eager runs then count as misses
+        self.hits = 0
+        self.misses = 0
+
+    def keys(self, kind: str = "main") -> list[GraphKey]:
+        """Every key to capture, largest first."""
+        keys = {GraphKey(kind, r, r) for r in self.sizes.decode if r <= self.max_num_seqs}
+        keys |= {GraphKey(kind, t, min(self.max_num_seqs, t)) for t in self.sizes.mixed}
+        return sorted(keys, reverse=True)
+
+    def dispatch(self, batch: StepBatch, kind: str = "main") -> GraphKey:
+        t, r = batch.num_tokens, batch.num_reqs
+        if batch.is_decode:
+            i = bisect.bisect_left(self.sizes.decode, r)
+            if i < len(self.sizes.decode) and self.sizes.decode[i] <= self.max_num_seqs:
+                size = self.sizes.decode[i]
+                return GraphKey(kind, size, size)
+        i = bisect.bisect_left(self.sizes.mixed, t)
+        if i < len(self.sizes.mixed):
+            size = self.sizes.mixed[i]
+            return GraphKey(kind, size, max(r, min(self.max_num_seqs, size)))
+        return GraphKey(kind, t, r)  # bigger than every graph: exact size, eager
+
+    def buffers(self, key: GraphKey) -> InputBuffers:
+        if key not in self._buffers:
+            self._buffers[key] = InputBuffers(key, self.max_blocks, self.vocab_words)
+        return self._buffers[key]
+
+    def run(self, key: GraphKey, eager: StepFn, kv_caches) -> tuple[torch.Tensor, torch.Tensor]:
+        bufs = self._buffers[key]
+        graph = self.graphs.get(key)
+        if graph is not None:
+            self.hits += 1
+            return graph(*bufs.args(), kv_caches)
+        if self.compiling:
+            self.misses += 1
+        return eager(*bufs.args(), kv_caches)

@@ -1,0 +1,72 @@
+"""InputBuffers: persistent fixed-address tensors of one graph key, loaded in one function.
+
+Padding rows are neutralised: padding tokens belong to no row (``token_req = -1``, slot -1, so
+they write nothing real), padding rows have ``seq_len = 0`` and an empty query, point at the null
+block, and sample greedily; their results are dropped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphrt.runner.graph_key import GraphKey
+from graphrt.runner.step_batch import StepBatch
+
+ARG_NAMES = (
+    "input_ids", "positions", "token_req", "block_tables", "seq_lens", "query_start_loc",
+    "logits_indices", "temperature", "top_k", "top_p", "min_p", "seeds", "offsets", "bitmask",
+)
+
+
+class InputBuffers:
+    def __init__(self, key: GraphKey, max_blocks: int, vocab_words: int) -> None:
+        t, r = key.num_tokens, key.num_reqs
+        i64 = dict(dtype=torch.int64)
+        self.key = key
+        self.input_ids = torch.zeros(t, **i64)
+        self.positions = torch.zeros(t, **i64)
+        self.token_req = torch.zeros(t, **i64)
+        self.block_tables = torch.zeros(r, max_blocks, **i64)
+        self.seq_lens = torch.zeros(r, **i64)
+        self.query_start_loc = torch.zeros(r + 1, **i64)
+        self.logits_indices = torch.zeros(r, **i64)
+        self.temperature = torch.zeros(r)
+        self.top_k = torch.zeros(r, **i64)
+        self.top_p = torch.ones(r)
+        self.min_p = torch.zeros(r)
+        self.seeds = torch.zeros(r, **i64)
+        self.offsets = torch.zeros(r, **i64)
+        self.bitmask = torch.full((r, vocab_words), -1, dtype=torch.int32)
+
+    def load(self, b: StepBatch) -> None:
+        """The one copy of a step's host data into the buffers, padding reset first."""
+        t, r = b.num_tokens, b.num_reqs
+        if t > self.key.num_tokens or r > self.key.num_reqs:
+            raise ValueError(f"step of {t} tokens / {r} rows does not fit graph {self.key.name}")
+        _put(self.input_ids, b.token_ids, 0)
+        _put(self.positions, b.positions, 0)
+        _put(self.token_req, b.token_req, -1)
+        self.block_tables.zero_()
+        self.block_tables[:r, : b.block_tables.shape[1]].copy_(torch.from_numpy(b.block_tables))
+        _put(self.seq_lens, b.seq_lens, 0)
+        _put(self.query_start_loc, b.query_start_loc, t)
+        _put(self.logits_indices, b.logits_indices, 0)
+        _put(self.temperature, b.temperature, 0.0)
+        _put(self.top_k, b.top_k, 0)
+        _put(self.top_p, b.top_p, 1.0)
+        _put(self.min_p, b.min_p, 0.0)
+        _put(self.seeds, b.seeds, 0)
+        _put(self.offsets, b.offsets, 0)
+        if b.bitmask is None:
+            self.bitmask.fill_(-1)
+        else:
+            _put(self.bitmask, b.bitmask, -1)
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        return tuple(getattr(self, n) for n in ARG_NAMES)
+
+
+def _put(dst: torch.Tensor, src, pad) -> None:
+    n = src.shape[0]
+    dst[:n].copy_(torch.from_numpy(src))
+    dst[n:].fill_(pad)

@@ -1,0 +1,96 @@
+"""KV memory: how many blocks a budget buys, and the per-layer cache tensors."""
+
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass
+
+import torch
+
+from graphrt.models.config import ModelConfig
+
+
+class KVCacheTooSmallError(ValueError):
+    """Not even one sequence of max_model_len fits in the KV budget."""
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    kv_cache_memory: int | None = None  # bytes; None = kv_cache_fraction of available memory
+    kv_cache_fraction: float = 0.1
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size} must be >= 1")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory={self.kv_cache_memory} must be a positive number of bytes")
+        if not 0 < self.kv_cache_fraction <= 1:
+            raise ValueError(f"kv_cache_fraction={self.kv_cache_fraction} must lie in (0, 1]")
+
+
+@dataclass(frozen=True)
+class KVCachePlan:
+    num_blocks: int  # including the null block
+    block_size: int
+    bytes_per_block: int
+    budget_bytes: int
+    max_tokens: int  # tokens the usable blocks hold
+    max_seq_len_fits: int  # the longest single sequence that fits
+
+    def describe(self) -> str:
+        return (
+            f"KV cache: {self.num_blocks - 1} blocks of {self.block_size} tokens "
+            f"({self.budget_bytes / 2**20:.1f} MiB budget, {self.bytes_per_block} B/block), "
+            f"{self.max_tokens} tokens in all"
+        )
+
+
+def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+    return per_token * block_size
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable on Linux; physical memory elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def plan_kv_cache(
+    cfg: ModelConfig, cache: CacheConfig, dtype: torch.dtype, max_model_len: int, activation_peak: int = 0
+) -> KVCachePlan:
+    per_block = bytes_per_block(cfg, cache.block_size, dtype)
+    if cache.kv_cache_memory is not None:
+        budget = cache.kv_cache_memory
+    else:
+        budget = int(max(available_memory_bytes() - activation_peak, 0) * cache.kv_cache_fraction)
+    usable = budget // per_block - 1  # one block is the null block
+    need = -(-max_model_len // cache.block_size)
+    if usable < need:
+        raise KVCacheTooSmallError(
+            f"the KV budget of {budget} bytes holds {max(usable, 0)} blocks of {cache.block_size} tokens "
+            f"({per_block} bytes each), but one sequence of max_model_len={max_model_len} needs {need}; "
+            f"raise kv_cache_memory to at least {(need + 1) * per_block} bytes or lower max_model_len"
+        )
+    return KVCachePlan(usable + 1, cache.block_size, per_block, budget, usable * cache.block_size,
+                       usable * cache.block_size)
+
+
+def allocate_kv_caches(
+    cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]

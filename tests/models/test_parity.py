@@ -1,0 +1,69 @@
+"""The models compute what transformers computes: prefill logits and greedy decoding."""
+
+import pytest
+import torch
+
+import graphrt
+from graphrt.loader import load_model
+from graphrt.models.attention import AttentionInputs, compute_slot_mapping
+from tests.oracle import hf_greedy, hf_model, random_prompts
+from tests.tiny_models import TINY_CONFIGS
+
+
+def prefill_logits(model, cfg, ids: torch.Tensor, block_size: int = 4) -> torch.Tensor:
+    """One prefill step of a single sequence through graphrt's forward protocol."""
+    t = ids.shape[0]
+    nb = -(-t // block_size) + 1
+    shape, dtype = (nb, block_size, cfg.num_kv_heads, cfg.head_dim), model.embed_tokens.weight.dtype
+    caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
+    bt = torch.arange(1, nb)[None]
+    pos, req = torch.arange(t), torch.zeros(t, dtype=torch.long)
+    attn = AttentionInputs(bt, torch.tensor([t]), torch.tensor([0, t]), req, compute_slot_mapping(pos, req, bt, block_size))
+    with torch.no_grad():
+        return model.compute_logits(model(ids, pos, caches, attn), torch.arange(t))
+
+
+@pytest.mark.parametrize("name", list(TINY_CONFIGS))
+def test_prefill_logits_match_transformers(tiny_model, name):
+    path = tiny_model(name)
+    lm = load_model(path)
+    ids = torch.tensor(random_prompts([45])[0])
+    ours = prefill_logits(lm.model, lm.config, ids)
+    with torch.no_grad():
+        ref = hf_model(path)(ids[None], attention_mask=torch.ones(1, 45, dtype=torch.long)).logits[0]
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(TINY_CONFIGS))
+def test_greedy_batch_matches_transformers_generate(tiny_model, name):
+    path = tiny_model(name)
+    prompts = random_prompts([3, 11, 30, 7], seed=1)
+    llm = graphrt.LLM(path, max_num_seqs=4, kv_cache_memory=4_000_000)
+    outs = llm.generate(prompts, graphrt.SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == hf_greedy(path, p, 32)
+    assert llm.stats()["free_blocks"] == llm.stats()["total_blocks"]
+
+
+def test_in_memory_transformers_model_loads(tiny_model):
+    path = tiny_model("qwen3")
+    lm = load_model(hf_model(path))
+    ids = torch.tensor(random_prompts([20])[0])
+    with torch.no_grad():
+        ref = hf_model(path)(ids[None], attention_mask=torch.ones(1, 20, dtype=torch.long)).logits[0]
+    torch.testing.assert_close(prefill_logits(lm.model, lm.config, ids), ref, atol=1e-4, rtol=0)
+
+
+def test_bfloat16_prefill_close_to_transformers_bf16(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model("llama_gqa")
+    lm = load_model(path, dtype="bfloat16")
+    assert lm.model.embed_tokens.weight.dtype == torch.bfloat16
+    ids = torch.tensor(random_prompts([30])[0])
+    ref_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        ref = ref_model(ids[None], attention_mask=torch.ones(1, 30, dtype=torch.long)).logits[0].float()
+    ours = prefill_logits(lm.model, lm.config, ids).float()
+    # bf16 keeps 8 bits of mantissa: compare at the scale of the logits
+    assert (ours - ref).abs().max() <= 0.05 * ref.abs().max()

@@ -1,0 +1,31 @@
+import os
+import sys
+
+from graphrt.cli import main
+
+
+def test_console_script_is_installed():
+    assert os.path.exists(os.path.join(os.path.dirname(sys.executable), "graphrt"))
+
+
+def test_generate_prints_text_and_speed(tiny_tok_model, capsys):
+    rc = main(["generate", "--model", tiny_tok_model, "--prompt", "Hello", "--prompt", "Bye",
+               "--max-tokens", "5", "--kv-cache-memory", "4000000", "--verbose"])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    assert "--- prompt 0: 'Hello'" in out and "--- prompt 1: 'Bye'" in out
+    assert "tokens/s" in err and "stats:" in err
+
+
+def test_generate_stream_and_chat(tiny_tok_model, capsys):
+    rc = main(["generate", "--model", tiny_tok_model, "--prompt", "Hi", "--chat", "--stream",
+               "--max-tokens", "4", "--temperature", "0.8", "--top-p", "0.9", "--seed", "3",
+               "--kv-cache-memory", "4000000"])
+    assert rc == 0
+    assert "4 tokens" in capsys.readouterr().err
+
+
+def test_generate_bad_model_is_one_clear_line(tmp_path, capsys):
+    rc = main(["generate", "--model", str(tmp_path / "missing.gguf")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "does not exist" in err and "Traceback" not in err

@@ -11,17 +11,23 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from tqdm.auto import tqdm
+
+from graphrt.compile.capture import capture
 from graphrt.core.block_manager import BlockManager
 from graphrt.core.request import Request
 from graphrt.core.scheduler import NewRequestData, Scheduler, SchedulerConfig, SchedulerOutput
 from graphrt.core.stop import Detokenizer, token_stop_reason
 from graphrt.loader import LoadedModel, load_model, resolve_dtype
 from graphrt.outputs import RequestOutput
+from graphrt.passes import PassManager
 from graphrt.runner.graph_cache import CaptureSizes, GraphCache
+from graphrt.runner.graph_key import GraphKey
 from graphrt.runner.kv_cache import (
     CacheConfig,
     KVCachePlan,
     allocate_kv_caches,
+    current_rss_bytes,
     peak_rss_bytes,
     plan_kv_cache,
 )
@@ -44,6 +50,18 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     seed: int = 0
     capture_sizes: CaptureSizes | None = None
+    progress: bool = True
+    compile: bool = True
+    backend: str = "inductor"  # inner backend of compiled graphs: inductor, eager, torchair
+    passes_disabled: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CaptureRecord:
+    key: GraphKey
+    how: str  # "compiled" or "loaded"
+    seconds: float
+    memory_bytes: int  # resident-memory growth while capturing it
 
 
 @dataclass
@@ -60,6 +78,7 @@ class LLMEngine:
         self._rng = random.Random(config.seed)
         self._ids = itertools.count()
         self._tracked: dict[str, _Tracked] = {}
+        self.num_compiles = 0
 
     # --- start-up, in this order ---------------------------------------------------------------
 
@@ -127,8 +146,22 @@ class LLMEngine:
         )
         return self.kv_plan
 
-    def capture_model(self) -> None:
-        """Compile or load the graph of every key. Eager mode: nothing to capture."""
+    def capture_model(self) -> list[CaptureRecord]:
+        """Compile the graph of every key, largest first. Eager mode: nothing to capture."""
+        self.capture_report: list[CaptureRecord] = []
+        self.passes = PassManager(self.config.backend, self.config.passes_disabled)
+        if not self.config.compile:
+            return self.capture_report
+        self.graphs.compiling = True
+        keys = self.graphs.keys()
+        for key in tqdm(keys, desc="capture", unit="graph", disable=not self.config.progress):
+            bufs = self.graphs.buffers(key)
+            rss = current_rss_bytes()
+            graph = capture(self.step_module, bufs.args(), self.kv_caches, self.passes, self.config.backend, key.name)
+            self.graphs.graphs[key] = graph
+            self.num_compiles += 1
+            self.capture_report.append(CaptureRecord(key, "compiled", graph.compile_s, current_rss_bytes() - rss))
+        return self.capture_report
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -252,7 +285,7 @@ class LLMEngine:
 
     def stats(self) -> dict[str, int]:
         return {
-            "compiles": getattr(self, "num_compiles", 0),
+            "compiles": self.num_compiles,
             "graph_hits": self.graphs.hits,
             "graph_misses": self.graphs.misses,
             "total_blocks": self.blocks.num_usable_blocks,

@@ -30,12 +30,25 @@ class LLM:
         enable_prefix_caching: bool = True,
         seed: int = 0,
         capture_sizes: CaptureSizes | None = None,
+        compile: bool = True,
+        backend: str = "inductor",
+        passes_disabled: Sequence[str] = (),
+        progress: bool = True,
     ) -> None:
         cache = CacheConfig(block_size, kv_cache_memory, kv_cache_fraction, enable_prefix_caching)
         config = EngineConfig(
-            model, dtype, max_num_seqs, max_num_batched_tokens, max_model_len, cache, seed, capture_sizes
+            model, dtype, max_num_seqs, max_num_batched_tokens, max_model_len, cache, seed, capture_sizes,
+            progress, compile, backend, tuple(passes_disabled),
         )
         self.engine = LLMEngine(config).start()
+
+    def pass_report(self) -> list[str]:
+        """Which pass matched how many times in which graph."""
+        return self.engine.passes.report.lines()
+
+    def capture_report(self):
+        """Per graph key: compiled or loaded, seconds, memory."""
+        return list(self.engine.capture_report)
 
     @property
     def tokenizer(self):

@@ -9,7 +9,7 @@ def test_console_script_is_installed():
 
 
 def test_generate_prints_text_and_speed(tiny_tok_model, capsys):
-    rc = main(["generate", "--model", tiny_tok_model, "--prompt", "Hello", "--prompt", "Bye",
+    rc = main(["generate", "--no-compile", "--model", tiny_tok_model, "--prompt", "Hello", "--prompt", "Bye",
                "--max-tokens", "5", "--kv-cache-memory", "4000000", "--verbose"])
     out, err = capsys.readouterr()
     assert rc == 0
@@ -18,7 +18,7 @@ def test_generate_prints_text_and_speed(tiny_tok_model, capsys):
 
 
 def test_generate_stream_and_chat(tiny_tok_model, capsys):
-    rc = main(["generate", "--model", tiny_tok_model, "--prompt", "Hi", "--chat", "--stream",
+    rc = main(["generate", "--no-compile", "--model", tiny_tok_model, "--prompt", "Hi", "--chat", "--stream",
                "--max-tokens", "4", "--temperature", "0.8", "--top-p", "0.9", "--seed", "3",
                "--kv-cache-memory", "4000000"])
     assert rc == 0

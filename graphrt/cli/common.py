@@ -14,6 +14,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-compile", action="store_true", help="run eagerly, without compiled graphs")
+    p.add_argument("--backend", default="inductor", choices=["inductor", "eager", "torchair"])
+    p.add_argument("--passes-disabled", default="", help="comma-separated pass names to switch off")
 
 
 def llm_kwargs(args: argparse.Namespace) -> dict:
@@ -25,4 +28,7 @@ def llm_kwargs(args: argparse.Namespace) -> dict:
         max_model_len=args.max_model_len,
         kv_cache_memory=args.kv_cache_memory,
         seed=args.seed,
+        compile=not args.no_compile,
+        backend=args.backend,
+        passes_disabled=[p for p in args.passes_disabled.split(",") if p],
     )

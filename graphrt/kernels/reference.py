@@ -173,7 +173,10 @@ def sample(
     min_p: torch.Tensor,  # [N]; 0 means off
     seeds: torch.Tensor,  # [N] int64
     offsets: torch.Tensor,  # [N] int64: position of the token being drawn
+    bitmask: torch.Tensor | None = None,  # [N, ceil(V / 32)] int32, applied first
 ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [N] int64, logprobs [N] float32
+    if bitmask is not None:
+        logits = apply_token_bitmask(logits.float(), bitmask)
     n = logits.shape[0]
     tokens = torch.zeros(n, dtype=torch.int64)
     logprobs = torch.zeros(n, dtype=torch.float32)

@@ -19,10 +19,7 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[rows, ceil(V/32)] int32 → [rows, V] bool (True = allowed); bit j of word w is token 32w+j."""
     bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     allowed = ((bitmask[:, :, None] >> bits) & 1).bool().reshape(bitmask.shape[0], -1)
-    if allowed.shape[1] >= vocab_size:
-        return allowed[:, :vocab_size]
-    pad = torch.ones(bitmask.shape[0], vocab_size - allowed.shape[1], dtype=torch.bool, device=bitmask.device)
-    return torch.cat((allowed, pad), dim=1)
+    return allowed[:, :vocab_size]
 
 
 @torch.library.custom_op("graphrt::apply_token_bitmask", mutates_args=())
@@ -51,6 +48,7 @@ def apply_token_bitmask(
     if bitmask.dtype != torch.int32:
         raise checks.KernelArgumentError(f"bitmask must be int32 (xgrammar's layout), got {bitmask.dtype}")
     checks.check_dim("bitmask", bitmask, 0, logits.shape[0], "rows of logits")
+    checks.check_dim("bitmask", bitmask, 1, (logits.shape[1] + 31) // 32, "ceil(vocab / 32) words")
     if indices is not None:
         checks.check_ndim("indices", indices, 1, "[selected rows]")
         checks.check_int("indices", indices)
@@ -82,7 +80,7 @@ def filtered_probs(
         mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
         keep_sorted = (rank < k[:, None]) & (mass_before < top_p.double()[:, None]) | (rank == 0)
         keep = keep & torch.zeros_like(keep).scatter(1, order, keep_sorted)
-    keep = keep & (probs >= min_p.double()[:, None] * probs.max(dim=-1, keepdim=True).values)
+    keep = keep & (probs >= min_p.double()[:, None] * probs.amax(dim=-1, keepdim=True))
     probs = torch.where(keep, probs, 0.0)
     return probs / probs.sum(dim=-1, keepdim=True)
 
@@ -103,8 +101,11 @@ def _sample(
     min_p: torch.Tensor,
     seeds: torch.Tensor,
     offsets: torch.Tensor,
+    bitmask: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = logits.float()
+    if bitmask is not None:
+        logits = logits.masked_fill(~unpack_bitmask(bitmask, logits.shape[1]), float("-inf"))
     greedy = logits.argmax(dim=-1)
     tokens = greedy
     random = temperature > 0
@@ -116,7 +117,7 @@ def _sample(
 
 
 @_sample.register_fake
-def _(logits, temperature, top_k, top_p, min_p, seeds, offsets):
+def _(logits, temperature, top_k, top_p, min_p, seeds, offsets, bitmask):
     n = logits.shape[0]
     return (
         torch.empty(n, dtype=torch.int64, device=logits.device),
@@ -138,17 +139,23 @@ def sample(
     min_p: torch.Tensor,
     seeds: torch.Tensor,
     offsets: torch.Tensor,
+    bitmask: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row. Temperature 0 is greedy; top_k 0 and top_p 1 and min_p 0 are off.
+    """One token per row. Temperature 0 is greedy; top_k 0 and top_p 1 and min_p 0 are off; a
+    packed grammar bitmask (xgrammar's layout, one row per logits row) masks tokens first.
     Returns ``(tokens [N] int64, logprobs [N] float32)``: the log-probability of each chosen token
-    under the unfiltered distribution softmax(logits)."""
+    under the unfiltered (but masked) distribution softmax(logits)."""
     checks.check_ndim("logits", logits, 2, "[rows, vocab]")
     checks.check_float("logits", logits)
     _check_rows(logits.shape[0], temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                 seeds=seeds, offsets=offsets)
     for name, t in (("top_k", top_k), ("seeds", seeds), ("offsets", offsets)):
         checks.check_int(name, t)
-    return torch.ops.graphrt.sample(logits, temperature, top_k, top_p, min_p, seeds, offsets)
+    if bitmask is not None:
+        checks.check_ndim("bitmask", bitmask, 2, "[rows, ceil(vocab / 32)]")
+        checks.check_dim("bitmask", bitmask, 0, logits.shape[0], "rows of logits")
+        checks.check_dim("bitmask", bitmask, 1, (logits.shape[1] + 31) // 32, "ceil(vocab / 32) words")
+    return torch.ops.graphrt.sample(logits, temperature, top_k, top_p, min_p, seeds, offsets, bitmask)
 
 
 # --- rejection sampling ---------------------------------------------------------------------

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from graphrt.kernels import canonical
 from graphrt.models.config import RopeConfig
 
 
@@ -17,12 +18,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and cast back before the weight, as transformers does: bf16 parity
-        # depends on the order.
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return canonical.rms_norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(rope: RopeConfig, rotary_dim: int) -> torch.Tensor:

@@ -46,7 +46,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos_sin
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = attention(q, k, v, kv_cache[0], kv_cache[1], positions, attn, self.scale)
+        out = attention(q, k, v, kv_cache[0], kv_cache[1], attn, self.scale)
         return self.o_proj(out)
 
 

@@ -19,6 +19,8 @@ from graphrt.runner.input_buffers import InputBuffers
 from graphrt.runner.step_batch import StepBatch
 
 StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+# A captured graph is bound to its key's buffers, the KV caches and the weights: called bare.
+Graph = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 
 
 def _powers_of_two_up_to(limit: int, start: int = 1) -> tuple[int, ...]:
@@ -57,7 +59,7 @@ class GraphCache:
         self.max_num_seqs = max_num_seqs
         self.max_blocks = max_blocks
         self.vocab_words = vocab_words
-        self.graphs: dict[GraphKey, StepFn] = {}
+        self.graphs: dict[GraphKey, Graph] = {}
         self._buffers: dict[GraphKey, InputBuffers] = {}
         self.compiling = False  # True once graphs are expected: eager runs then count as misses
         self.hits = 0
@@ -92,7 +94,7 @@ class GraphCache:
         graph = self.graphs.get(key)
         if graph is not None:
             self.hits += 1
-            return graph(*bufs.args(), kv_caches)
+            return graph()
         if self.compiling:
             self.misses += 1
         return eager(*bufs.args(), kv_caches)

@@ -25,10 +25,10 @@ class InputBuffers:
         self.key = key
         self.input_ids = torch.zeros(t, **i64)
         self.positions = torch.zeros(t, **i64)
-        self.token_req = torch.zeros(t, **i64)
+        self.token_req = torch.full((t,), -1, **i64)
         self.block_tables = torch.zeros(r, max_blocks, **i64)
         self.seq_lens = torch.zeros(r, **i64)
-        self.query_start_loc = torch.zeros(r + 1, **i64)
+        self.query_start_loc = torch.zeros(r + 1, **i64)  # every row empty until loaded
         self.logits_indices = torch.zeros(r, **i64)
         self.temperature = torch.zeros(r)
         self.top_k = torch.zeros(r, **i64)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphrt.models.attention import AttentionInputs, compute_slot_mapping
-from graphrt.runner.sampler import sample_tokens
+from graphrt.kernels import canonical
+from graphrt.models.attention import AttentionInputs
 
 
 class StepModule(nn.Module):
@@ -38,8 +38,8 @@ class StepModule(nn.Module):
         bitmask: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        slot_mapping = compute_slot_mapping(positions, token_req, block_tables, self.block_size)
+        slot_mapping = canonical.slot_mapping(positions, token_req, block_tables, self.block_size)
         attn = AttentionInputs(block_tables, seq_lens, query_start_loc, token_req, slot_mapping)
         hidden = self.model(input_ids, positions, kv_caches, attn)
         logits = self.model.compute_logits(hidden, logits_indices)
-        return sample_tokens(logits, bitmask, temperature, top_k, top_p, min_p, seeds, offsets)
+        return canonical.sample(logits, bitmask, temperature, top_k, top_p, min_p, seeds, offsets)

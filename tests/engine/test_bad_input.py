@@ -3,6 +3,7 @@
 import pytest
 
 import graphrt
+from tests.helpers import make_llm
 from graphrt import SamplingParams
 from graphrt.engine import EngineStepError
 from graphrt.runner.kv_cache import KVCacheTooSmallError
@@ -12,7 +13,7 @@ from tests.oracle import hf_greedy, random_prompts
 
 @pytest.fixture(scope="module")
 def llm(tiny_model):
-    return graphrt.LLM(tiny_model("llama_gqa"), max_model_len=64, kv_cache_memory=2_000_000)
+    return make_llm(tiny_model("llama_gqa"), max_model_len=64, kv_cache_memory=2_000_000)
 
 
 @pytest.mark.parametrize(
@@ -106,9 +107,9 @@ def test_abort_frees_blocks(llm):
 
 def test_kv_budget_too_small_for_one_sequence(tiny_model):
     with pytest.raises(KVCacheTooSmallError, match="max_model_len=256 needs 16"):
-        graphrt.LLM(tiny_model("llama_gqa"), max_model_len=256, kv_cache_memory=10_000)
+        make_llm(tiny_model("llama_gqa"), max_model_len=256, kv_cache_memory=10_000)
 
 
 def test_max_model_len_beyond_the_model(tiny_model):
     with pytest.raises(ValueError, match=r"max_model_len=100000 must lie in \[2, 512\]"):
-        graphrt.LLM(tiny_model("llama_gqa"), max_model_len=100_000)
+        make_llm(tiny_model("llama_gqa"), max_model_len=100_000)

@@ -3,6 +3,7 @@
 import pytest
 
 import graphrt
+from tests.helpers import make_llm
 from graphrt import SamplingParams
 from tests.oracle import hf_greedy, random_prompts
 
@@ -25,7 +26,7 @@ def check_against_hf(path, llm, prompts, params=GREEDY):
 def test_twelve_prompts_queue_behind_max_num_seqs(tiny_model):
     path = tiny_model("llama_gqa")
     prompts = random_prompts([1, 2, 5, 9, 17, 33, 50, 64, 100, 128, 150, 200], seed=2)
-    llm = graphrt.LLM(path, max_num_seqs=3, kv_cache_memory=8_000_000)
+    llm = make_llm(path, max_num_seqs=3, kv_cache_memory=8_000_000)
     check_against_hf(path, llm, prompts)
 
 
@@ -33,7 +34,7 @@ def test_preemption_keeps_outputs_exact(tiny_model):
     path = tiny_model("qwen3")
     prompts = random_prompts([40, 45, 50, 55], seed=3)
     # 4 layers' worth of KV for ~ one full sequence: requests must be preempted and recomputed
-    llm = graphrt.LLM(path, max_num_seqs=4, max_model_len=128, block_size=8,
+    llm = make_llm(path, max_num_seqs=4, max_model_len=128, block_size=8,
                       kv_cache_memory=2 * 2 * 2 * 32 * 4 * 8 * 20)
     check_against_hf(path, llm, prompts, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
     assert llm.stats()["preemptions"] > 0
@@ -42,7 +43,7 @@ def test_preemption_keeps_outputs_exact(tiny_model):
 def test_chunked_prefill_with_a_small_token_budget(tiny_model):
     path = tiny_model("qwen2_tied")
     prompts = random_prompts([70, 3, 33], seed=4)
-    llm = graphrt.LLM(path, max_num_seqs=3, max_num_batched_tokens=16, kv_cache_memory=4_000_000)
+    llm = make_llm(path, max_num_seqs=3, max_num_batched_tokens=16, kv_cache_memory=4_000_000)
     check_against_hf(path, llm, prompts)
 
 
@@ -50,7 +51,7 @@ def test_prefix_caching_hits_and_outputs_unchanged(tiny_model):
     path = tiny_model("llama_mqa")
     prefix = random_prompts([96], seed=5)[0]
     prompts = [prefix + tail for tail in random_prompts([3, 7, 12, 1], seed=6)]
-    llm = graphrt.LLM(path, max_num_seqs=2, enable_prefix_caching=True, kv_cache_memory=4_000_000)
+    llm = make_llm(path, max_num_seqs=2, enable_prefix_caching=True, kv_cache_memory=4_000_000)
     check_against_hf(path, llm, prompts[:1])
     check_against_hf(path, llm, prompts[1:])
     assert llm.stats()["prefix_cache_hits"] >= 3 * (96 // 16)
@@ -58,7 +59,7 @@ def test_prefix_caching_hits_and_outputs_unchanged(tiny_model):
 
 @pytest.fixture(scope="module")
 def seeded_llm(tiny_model):
-    return graphrt.LLM(tiny_model("llama_gqa"), max_num_seqs=4, kv_cache_memory=4_000_000)
+    return make_llm(tiny_model("llama_gqa"), max_num_seqs=4, kv_cache_memory=4_000_000)
 
 
 def test_seeded_sampling_is_reproducible_and_batch_invariant(seeded_llm):
@@ -78,6 +79,6 @@ def test_engine_seed_makes_unseeded_requests_reproducible(tiny_model):
     path = tiny_model("llama_gqa")
     prompts = random_prompts([6, 6], seed=9)
     params = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
-    a = [o.token_ids for o in graphrt.LLM(path, seed=1, kv_cache_memory=2_000_000).generate(prompts, params)]
-    b = [o.token_ids for o in graphrt.LLM(path, seed=1, kv_cache_memory=2_000_000).generate(prompts, params)]
+    a = [o.token_ids for o in make_llm(path, seed=1, kv_cache_memory=2_000_000).generate(prompts, params)]
+    b = [o.token_ids for o in make_llm(path, seed=1, kv_cache_memory=2_000_000).generate(prompts, params)]
     assert a == b

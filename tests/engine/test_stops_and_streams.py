@@ -3,13 +3,14 @@
 import torch
 
 import graphrt
+from tests.helpers import make_llm
 from graphrt import SamplingParams
 from tests.oracle import hf_greedy, hf_model, random_prompts
 
 
 def test_eos_ends_generation_where_transformers_does(tiny_model):
     path = tiny_model("llama_gqa")
-    llm = graphrt.LLM(path, kv_cache_memory=4_000_000)
+    llm = make_llm(path, kv_cache_memory=4_000_000)
     # Prompts whose greedy continuation reaches EOS (id 2) within 40 tokens, found by the oracle.
     found = 0
     for prompt in random_prompts([4] * 40, seed=11):
@@ -26,7 +27,7 @@ def test_eos_ends_generation_where_transformers_does(tiny_model):
 
 def test_stop_token_ids_and_max_tokens(tiny_model):
     path = tiny_model("llama_gqa")
-    llm = graphrt.LLM(path, kv_cache_memory=4_000_000)
+    llm = make_llm(path, kv_cache_memory=4_000_000)
     prompt = random_prompts([9], seed=12)[0]
     full = hf_greedy(path, prompt, 20)
     stop_at = full[5]
@@ -39,13 +40,13 @@ def test_stop_token_ids_and_max_tokens(tiny_model):
 
 
 def test_max_model_len_ends_with_length(tiny_model):
-    llm = graphrt.LLM(tiny_model("llama_gqa"), max_model_len=32, kv_cache_memory=2_000_000)
+    llm = make_llm(tiny_model("llama_gqa"), max_model_len=32, kv_cache_memory=2_000_000)
     out = llm.generate([list(range(3, 23))], SamplingParams(max_tokens=100, temperature=0, ignore_eos=True))[0]
     assert len(out.token_ids) == 12 and out.finish_reason == "length"
 
 
 def test_stop_strings_match_transformers_and_are_cut_from_text(tiny_tok_model):
-    llm = graphrt.LLM(tiny_tok_model, kv_cache_memory=8_000_000)
+    llm = make_llm(tiny_tok_model, kv_cache_memory=8_000_000)
     tok = llm.tokenizer.hf
     prompt = tok.encode("Once upon a time")
     full = hf_greedy(tiny_tok_model, prompt, 30)
@@ -63,7 +64,7 @@ def test_stop_strings_match_transformers_and_are_cut_from_text(tiny_tok_model):
 
 
 def test_streaming_yields_the_same_text_and_tokens(tiny_tok_model):
-    llm = graphrt.LLM(tiny_tok_model, kv_cache_memory=8_000_000)
+    llm = make_llm(tiny_tok_model, kv_cache_memory=8_000_000)
     prompts = ["Hello there", "The weather today"]
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=["zzz-never"])
     whole = llm.generate(prompts, params)
@@ -79,7 +80,7 @@ def test_streaming_yields_the_same_text_and_tokens(tiny_tok_model):
 
 
 def test_logprobs_are_returned_when_asked(tiny_model):
-    llm = graphrt.LLM(tiny_model("llama_gqa"), kv_cache_memory=2_000_000)
+    llm = make_llm(tiny_model("llama_gqa"), kv_cache_memory=2_000_000)
     out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=5, temperature=0, logprobs=True, ignore_eos=True))[0]
     assert len(out.logprobs) == 5 and all(lp <= 0 for lp in out.logprobs)
     assert llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))[0].logprobs is None

@@ -17,7 +17,7 @@ def cases():
     n, vocab = 4, 40
     samp = (torch.randn(n, vocab), torch.tensor([0.0, 0.7, 1.0, 1.5]), torch.tensor([0, 5, 0, 3]),
             torch.tensor([1.0, 0.9, 0.5, 1.0]), torch.tensor([0.0, 0.0, 0.1, 0.0]),
-            torch.arange(n), torch.arange(n) * 3)
+            torch.arange(n), torch.arange(n) * 3, torch.randint(-9, 9, (n, 2), dtype=torch.int32))
     rej = (torch.randint(0, vocab, (n, 3)), torch.tensor([3, 1, 0, 2]), None, torch.randn(n, 4, vocab),
            torch.tensor([0.0, 1.0, 0.5, 0.0]), torch.arange(n), torch.zeros(n, dtype=torch.long))
     return {

@@ -41,7 +41,10 @@ def test_bitmask_equals_xgrammar_and_naive_loop(rows, vocab, use_indices, seed):
     indices = torch.randperm(rows, generator=g)[: max(1, rows // 2)] if use_indices else None
     got = kernels.apply_token_bitmask(logits, bitmask, indices)
     want = logits.clone()
-    xgrammar.apply_token_bitmask_inplace(want, bitmask, indices=None if indices is None else indices.tolist())
+    # xgrammar's pure-torch kernel; its "cpu" C++ kernel was seen masking a set bit (vocab 7,
+    # 3 rows: row 1, token 1), so it is not the oracle here.
+    xgrammar.apply_token_bitmask_inplace(want, bitmask, indices=None if indices is None else indices.tolist(),
+                                         backend="torch_native")
     assert torch.equal(got, want)
     naive = logits.clone()
     for row in range(rows) if indices is None else indices.tolist():
@@ -214,3 +217,20 @@ def test_bad_rejection_arguments():
         rs([[1, 2]], [3], greedy_logits([[1, 2, 3]]))
     with pytest.raises(KernelArgumentError, match="target_logits"):
         rs([[1, 2]], [2], greedy_logits([[1, 2]]))
+
+
+def test_sample_applies_the_bitmask_first():
+    n, vocab = 64, 40
+    logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(2))
+    bitmask = torch.zeros(n, 2, dtype=torch.int32)
+    bitmask[:, 0] = 0b1010  # tokens 1 and 3 only
+    bitmask[: n // 2] = -1  # the first half unconstrained
+    p = params(n, temperature=1.0, seed=4)
+    p["temperature"][::2] = 0.0
+    tokens, logprobs = kernels.sample(logits, **p, bitmask=bitmask)
+    assert set(tokens[n // 2 :].tolist()) <= {1, 3}
+    free, _ = kernels.sample(logits[: n // 2], **{k: v[: n // 2] for k, v in p.items()})
+    assert torch.equal(tokens[: n // 2], free)
+    ref, ref_lp = reference.sample(logits, **p, bitmask=bitmask)
+    assert torch.equal(tokens, ref)
+    torch.testing.assert_close(logprobs, ref_lp)

@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from tests.helpers import make_llm
 from graphrt.loader import CheckpointError, default_model_path, load_model
 from graphrt.models import UnsupportedModelError
 from tests.models.test_parity import prefill_logits
@@ -57,7 +58,7 @@ def test_checkpoint_without_tokenizer_loads_and_generates_ids(tiny_model):
 
     path = tiny_model("qwen2_tied")
     assert not os.path.exists(os.path.join(path, "tokenizer.json"))
-    llm = graphrt.LLM(path, kv_cache_memory=2_000_000)
+    llm = make_llm(path, kv_cache_memory=2_000_000)
     assert llm.tokenizer is None
     out = llm.generate([[5, 6, 7]], graphrt.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
     assert len(out.token_ids) == 4 and out.text == ""

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import graphrt
+from tests.helpers import make_llm
 from graphrt.loader import load_model
 from graphrt.models.attention import AttentionInputs, compute_slot_mapping
 from tests.oracle import hf_greedy, hf_model, random_prompts
@@ -38,7 +39,7 @@ def test_prefill_logits_match_transformers(tiny_model, name):
 def test_greedy_batch_matches_transformers_generate(tiny_model, name):
     path = tiny_model(name)
     prompts = random_prompts([3, 11, 30, 7], seed=1)
-    llm = graphrt.LLM(path, max_num_seqs=4, kv_cache_memory=4_000_000)
+    llm = make_llm(path, max_num_seqs=4, kv_cache_memory=4_000_000)
     outs = llm.generate(prompts, graphrt.SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
     for p, o in zip(prompts, outs):
         assert o.token_ids == hf_greedy(path, p, 32)

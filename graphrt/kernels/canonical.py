@@ -1,0 +1,124 @@
+"""The unfused torch spellings of graphrt's fused ops: what models write, what passes recognise.
+
+A model that computes attention, slot mapping, norms or sampling with these functions gets the
+fused ops in graph mode: each fusion pass traces the function below into its pattern and matches
+the traced step graph against it exactly. In eager mode these functions simply run, so eager and
+graph mode compute the same thing. Everything here is traceable torch: no host branches on data.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphrt.kernels.rng import row_uniform
+from graphrt.kernels.sampling import draw, filtered_probs, unpack_bitmask
+
+
+def slot_mapping(
+    positions: torch.Tensor, token_req: torch.Tensor, block_tables: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """``block_table[req, pos // bs] * bs + pos % bs``; −1 where the token is padding."""
+    block = block_tables[token_req, positions // block_size]
+    slots = block * block_size + positions % block_size
+    return torch.where(token_req >= 0, slots, -1)
+
+
+def _write_gather_mask(k, v, k_cache, v_cache, slots, block_tables, seq_lens, query_start_loc, token_req):
+    """The cache write at the slots, each token's K/V gathered through its row's block table
+    ([T, L, Hkv, D]), and the causal mask [T, L] of the keys each token may see."""
+    num_tokens = token_req.shape[0]
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    write_at = slots.clamp(min=0)
+    k_cache.view(num_blocks * block_size, num_kv_heads, head_dim).index_copy_(0, write_at, k)
+    v_cache.view(num_blocks * block_size, num_kv_heads, head_dim).index_copy_(0, write_at, v)
+    blocks = block_tables[token_req]
+    keys = k_cache[blocks].reshape(num_tokens, -1, num_kv_heads, head_dim)
+    values = v_cache[blocks].reshape(num_tokens, -1, num_kv_heads, head_dim)
+    token = torch.arange(num_tokens, device=k.device)
+    last = seq_lens[token_req] - (query_start_loc[token_req + 1] - token)  # [T]
+    context = torch.arange(keys.shape[1], device=k.device)
+    allowed = context[None, :] <= last[:, None]
+    return keys, values, allowed
+
+
+def attention(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,  # [T], −1 for padding
+    block_tables: torch.Tensor,  # [R, B]
+    seq_lens: torch.Tensor,  # [R]
+    query_start_loc: torch.Tensor,  # [R + 1]
+    token_req: torch.Tensor,  # [T], row of each token, −1 for padding
+    scale: float,
+) -> torch.Tensor:  # [T, H * D]
+    """``graphrt::paged_attention`` with its cache write, unfused: write K/V at the slots, gather
+    each token's sequence through its row's block table, causal softmax attention.
+
+    Token t of row r sits at key position ``seq_len[r] - (qsl[r + 1] - t)`` and sees keys up to
+    it (queries are the last ``query_len`` positions of the sequence); query head h reads kv head
+    ``h // (H / Hkv)``. Padding tokens write into the null block 0 and see at least one key, so
+    their (discarded) rows stay finite.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    keys, values, allowed = _write_gather_mask(
+        k, v, k_cache, v_cache, slots, block_tables, seq_lens, query_start_loc, token_req
+    )
+    qg = q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.einsum("tkgd,tlkd->tkgl", qg, keys).float() * scale
+    scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
+    out = torch.einsum("tkgl,tlkd->tkgd", probs, values)
+    return out.reshape(num_tokens, num_heads * head_dim)
+
+
+def attention_sdpa(q, k, v, k_cache, v_cache, slots, block_tables, seq_lens, query_start_loc, token_req, scale):
+    """The same attention as ``attention``, computed by scaled_dot_product_attention over the
+    gathered K/V (grouped-query heads through enable_gqa)."""
+    num_tokens, num_heads, head_dim = q.shape
+    keys, values, allowed = _write_gather_mask(
+        k, v, k_cache, v_cache, slots, block_tables, seq_lens, query_start_loc, token_req
+    )
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2),
+        attn_mask=allowed[:, None, None, :], scale=scale, enable_gqa=True,
+    )  # [T, H, 1, D]
+    return out.reshape(num_tokens, num_heads * head_dim)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """float32 statistics, cast back before the weight: the order transformers uses."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    new_residual = x + residual
+    return rms_norm(new_residual, weight, eps), new_residual
+
+
+def sample(
+    logits: torch.Tensor,  # [R, V]
+    bitmask: torch.Tensor,  # [R, ceil(V / 32)] int32, −1 = every token allowed
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exactly ``graphrt::sample`` with the bitmask applied first: (tokens, logprobs)."""
+    logits = logits.float()
+    logits = logits.masked_fill(~unpack_bitmask(bitmask, logits.shape[1]), float("-inf"))
+    greedy = logits.argmax(dim=-1)
+    probs = filtered_probs(logits, temperature, top_k, top_p, min_p, skip_unused_sort=False)
+    drawn = draw(probs, row_uniform(seeds, offsets, 0))
+    tokens = torch.where(temperature > 0, drawn, greedy)
+    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+    return tokens, logprobs

@@ -1,0 +1,57 @@
+"""fuse_sampling: the logits-processing chain → one ``graphrt::sample``.
+
+Before (``canonical.sample``; abridged)::
+
+    logits = linear(hidden[logits_indices], lm_head).float()
+    logits = logits.masked_fill(~unpack(bitmask), -inf)          # grammar
+    greedy = logits.argmax(dim=-1)
+    probs = softmax(logits.double() / temperature[:, None])      # + top-k/top-p sort, min-p
+    drawn = searchsorted(cumsum(probs), row_uniform(seeds, offsets) * total)
+    tokens = where(temperature > 0, drawn, greedy)
+    logprobs = log_softmax(logits).gather(1, tokens[:, None])[:, 0]
+
+After::
+
+    sample = torch.ops.graphrt.sample(logits, temperature, top_k, top_p, min_p, seeds, offsets, bitmask)
+    tokens, logprobs = sample[0], sample[1]
+
+Only the model's logits are sampled: the chain must start from a linear projection (the LM head).
+The same chain over any other tensor is left alone. The fused op skips the sort when no row uses
+top-k / top-p, which the traceable chain cannot.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from graphrt.kernels import canonical
+from graphrt.passes.base import FusionPass
+from graphrt.passes.matcher import set_fake_meta
+
+
+def _is_draw(n) -> bool:
+    return n.op == "call_function" and n.target is torch.searchsorted
+
+
+class FuseSampling(FusionPass):
+    name = "fuse_sampling"
+    pattern_fn = staticmethod(canonical.sample)
+    witness = staticmethod(_is_draw)
+
+    def accept(self, m) -> bool:
+        logits = m["logits"]
+        return getattr(logits, "op", None) == "call_function" and logits.target is torch._C._nn.linear
+
+    def rewrite(self, graph, m):
+        op = torch.ops.graphrt.sample.default
+        args = tuple(m[n] for n in ("logits", "temperature", "top_k", "top_p", "min_p", "seeds", "offsets", "bitmask"))
+        node = graph.call_function(op, args)
+        set_fake_meta(node, op, *args)
+        outs = []
+        for i in range(2):
+            out = graph.call_function(operator.getitem, (node, i))
+            set_fake_meta(out, lambda t, i=i: t[i], node)
+            outs.append(out)
+        return outs

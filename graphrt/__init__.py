@@ -6,7 +6,7 @@ Imports are lazy so that ``import graphrt.kernels`` stays light.
 
 from graphrt.version import __version__
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "__version__", "compile"]
 
 
 def __getattr__(name: str):
@@ -18,4 +18,8 @@ def __getattr__(name: str):
         from graphrt.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "compile":
+        from graphrt.compile import compile
+
+        return compile
     raise AttributeError(f"module 'graphrt' has no attribute {name!r}")

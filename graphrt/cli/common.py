@@ -10,7 +10,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="Hugging Face directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-num-seqs", type=int, default=8)
-    p.add_argument("--max-num-batched-tokens", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=128)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache")
     p.add_argument("--seed", type=int, default=0)

@@ -28,12 +28,19 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from graphrt.llm import LLM
+    from graphrt.runner.graph_cache import CaptureSizes
     from graphrt.sampling_params import SamplingParams
 
     prompts = args.prompt or [DEFAULT_PROMPT]
     chat = args.chat or args.prompt is None
+    kwargs = llm_kwargs(args)
+    # One-shot generation needs two graphs: the prefill at the token budget and the decode of
+    # this many prompts (each cold compile costs tens of seconds on a small CPU).
+    kwargs.setdefault("max_num_seqs", len(prompts))
+    kwargs["capture_sizes"] = CaptureSizes(decode=(min(kwargs["max_num_seqs"], len(prompts)),),
+                                           mixed=(kwargs["max_num_batched_tokens"],))
     t0 = time.perf_counter()
-    llm = LLM(**llm_kwargs(args))
+    llm = LLM(**kwargs)
     start_s = time.perf_counter() - t0
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed if args.temperature > 0 else None)
@@ -59,5 +66,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"[graphrt] {num_tokens} tokens in {gen_s:.2f} s: {num_tokens / gen_s:.1f} tokens/s "
           f"(start-up {start_s:.1f} s)", file=sys.stderr)
     if args.verbose:
+        for rec in llm.capture_report():
+            print(f"[graphrt] graph {rec.key.name}: {rec.how} in {rec.seconds:.1f} s, "
+                  f"{rec.memory_bytes / 2**20:.1f} MiB", file=sys.stderr)
+        for line in llm.pass_report():
+            print(f"[graphrt] passes {line}", file=sys.stderr)
         print(f"[graphrt] stats: {llm.stats()}", file=sys.stderr)
     return 0

@@ -1,0 +1,51 @@
+"""fuse_sampling in four beats, plus the same chain over a tensor that is not the logits."""
+
+import torch
+
+from graphrt.kernels import canonical
+from tests.passes.recording import RecordingBackend, count
+
+OP = torch.ops.graphrt.sample.default
+N, H, V = 5, 16, 70
+
+
+def inputs():
+    g = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(N, H, generator=g), torch.randn(V, H, generator=g)
+    bitmask = torch.full((N, 3), -1, dtype=torch.int32)
+    bitmask[2] = torch.tensor([0b110, 0, 0], dtype=torch.int32)  # row 2 may only draw tokens 1 and 2
+    params = (torch.tensor([0.0, 0.8, 1.0, 1.3, 0.0]), torch.tensor([0, 5, 0, 0, 0]),
+              torch.tensor([1.0, 1.0, 0.9, 1.0, 1.0]), torch.tensor([0.0, 0.0, 0.0, 0.1, 0.0]),
+              torch.arange(N) + 7, torch.arange(N) * 11)
+    return hidden, weight, bitmask, params
+
+
+def sample_logits(hidden, weight, bitmask, t, k, p, m, s, o):
+    logits = torch.nn.functional.linear(hidden, weight)
+    return canonical.sample(logits, bitmask, t, k, p, m, s, o)
+
+
+def sample_other(hidden, weight, bitmask, t, k, p, m, s, o):
+    scores = hidden @ weight.T * 2  # not an LM head's output
+    return canonical.sample(scores, bitmask, t, k, p, m, s, o)
+
+
+def test_sampling_chain_becomes_one_op():
+    hidden, weight, bitmask, params = inputs()
+    rec = RecordingBackend()
+    tokens, logprobs = rec.compile(sample_logits)(hidden, weight, bitmask, *params)
+    assert count(rec.before, torch.searchsorted) == 1 and count(rec.before, torch.sort) == 1
+    assert count(rec.after, OP) == 1
+    assert count(rec.after, torch.searchsorted) == 0 and count(rec.after, torch.softmax) == 0
+    want_tokens, want_lp = sample_logits(hidden, weight, bitmask, *params)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(logprobs, want_lp)
+    assert int(tokens[2]) in (1, 2)
+
+
+def test_chain_over_a_non_logits_tensor_is_not_fused():
+    hidden, weight, bitmask, params = inputs()
+    rec = RecordingBackend()
+    tokens, _ = rec.compile(sample_other)(hidden, weight, bitmask, *params)
+    assert count(rec.after, OP) == 0 and rec.results["fuse_sampling"].unmatched == 1
+    assert torch.equal(tokens, sample_other(hidden, weight, bitmask, *params)[0])

@@ -13,7 +13,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from graphrt.compile.capture import capture
+from graphrt.compiler.capture import capture
 from graphrt.core.block_manager import BlockManager
 from graphrt.core.request import Request
 from graphrt.core.scheduler import NewRequestData, Scheduler, SchedulerConfig, SchedulerOutput

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from graphrt.compile.inner import CompiledFn, get_inner_backend
+from graphrt.compiler.inner import CompiledFn, get_inner_backend
 from graphrt.passes import PassManager
 
 

@@ -6,6 +6,7 @@ size and allocate the KV cache, build the scheduler and runner, capture the grap
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from dataclasses import dataclass, field
@@ -13,7 +14,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from graphrt.compiler.capture import capture
+from graphrt.artifacts.store import ArtifactStore
+from graphrt.compiler.graph_builder import GraphBuilder, model_key
 from graphrt.core.block_manager import BlockManager
 from graphrt.core.request import Request
 from graphrt.core.scheduler import NewRequestData, Scheduler, SchedulerConfig, SchedulerOutput
@@ -27,6 +29,7 @@ from graphrt.runner.kv_cache import (
     CacheConfig,
     KVCachePlan,
     allocate_kv_caches,
+    bytes_per_block,
     current_rss_bytes,
     peak_rss_bytes,
     plan_kv_cache,
@@ -54,6 +57,8 @@ class EngineConfig:
     compile: bool = True
     backend: str = "inductor"  # inner backend of compiled graphs: inductor, eager, torchair
     passes_disabled: tuple[str, ...] = ()
+    graph_cache: str | None = None  # directory of precompiled graphs (AOTInductor packages)
+    strict_graph_cache: bool = False  # refuse, rather than rebuild, an untrustworthy entry
 
 
 @dataclass(frozen=True)
@@ -131,9 +136,19 @@ class LLMEngine:
         return self.activation_peak
 
     def initialize_kv_cache(self) -> KVCachePlan:
-        self.kv_plan = plan_kv_cache(
-            self.loaded.config, self.config.cache, self.dtype, self.max_model_len, self.activation_peak
-        )
+        cache = self.config.cache
+        self.store = ArtifactStore(self.config.graph_cache, self.config.strict_graph_cache) \
+            if self.config.graph_cache and self.config.compile else None
+        self.model_key = model_key(self.loaded.config.to_dict(), self.dtype, self.step_module, self.block_size)
+        if self.store is not None and cache.kv_cache_memory is None:
+            # Graphs are built for one KV cache shape: without an explicit budget, take the one the
+            # shipped graphs were built for.
+            shipped = {e.get("kv_num_blocks") for e in self.store.entries() if e.get("key", {}).get("model") == self.model_key}
+            if len(shipped) == 1:
+                blocks = shipped.pop()
+                cache = dataclasses.replace(cache, kv_cache_memory=blocks * bytes_per_block(
+                    self.loaded.config, self.block_size, self.dtype))
+        self.kv_plan = plan_kv_cache(self.loaded.config, cache, self.dtype, self.max_model_len, self.activation_peak)
         self.kv_caches = allocate_kv_caches(
             self.loaded.config, self.kv_plan.num_blocks, self.block_size, self.dtype
         )
@@ -153,14 +168,14 @@ class LLMEngine:
         if not self.config.compile:
             return self.capture_report
         self.graphs.compiling = True
-        keys = self.graphs.keys()
-        for key in tqdm(keys, desc="capture", unit="graph", disable=not self.config.progress):
-            bufs = self.graphs.buffers(key)
+        builder = GraphBuilder(self.step_module, self.kv_caches, self.passes, self.config.backend, self.store,
+                               self.model_key)
+        for key in tqdm(self.graphs.keys(), desc="capture", unit="graph", disable=not self.config.progress):
             rss = current_rss_bytes()
-            graph = capture(self.step_module, bufs.args(), self.kv_caches, self.passes, self.config.backend, key.name)
+            graph, how, seconds = builder.build(key, self.graphs.buffers(key))
             self.graphs.graphs[key] = graph
-            self.num_compiles += 1
-            self.capture_report.append(CaptureRecord(key, "compiled", graph.compile_s, current_rss_bytes() - rss))
+            self.num_compiles += how == "compiled"
+            self.capture_report.append(CaptureRecord(key, how, seconds, current_rss_bytes() - rss))
         return self.capture_report
 
     # --- requests ------------------------------------------------------------------------------

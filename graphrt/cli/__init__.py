@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from graphrt.cli import generate
+from graphrt.cli import generate, precompile
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphrt", description="graphrt: a graph-compiled LLM runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     generate.add_parser(sub)
+    precompile.add_parser(sub)
     return parser
 
 

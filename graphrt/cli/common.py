@@ -17,6 +17,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compile", action="store_true", help="run eagerly, without compiled graphs")
     p.add_argument("--backend", default="inductor", choices=["inductor", "eager", "torchair"])
     p.add_argument("--passes-disabled", default="", help="comma-separated pass names to switch off")
+    p.add_argument("--graph-cache", default=None, help="directory of precompiled graphs (graphrt precompile)")
+    p.add_argument("--strict-graph-cache", action="store_true",
+                   help="refuse a stale or tampered graph cache entry instead of rebuilding it")
 
 
 def llm_kwargs(args: argparse.Namespace) -> dict:
@@ -31,4 +34,6 @@ def llm_kwargs(args: argparse.Namespace) -> dict:
         compile=not args.no_compile,
         backend=args.backend,
         passes_disabled=[p for p in args.passes_disabled.split(",") if p],
+        graph_cache=args.graph_cache,
+        strict_graph_cache=args.strict_graph_cache,
     )

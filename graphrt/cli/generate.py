@@ -36,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
     kwargs = llm_kwargs(args)
     # One-shot generation needs two graphs: the prefill at the token budget and the decode of
     # this many prompts (each cold compile costs tens of seconds on a small CPU).
-    kwargs.setdefault("max_num_seqs", len(prompts))
-    kwargs["capture_sizes"] = CaptureSizes(decode=(min(kwargs["max_num_seqs"], len(prompts)),),
-                                           mixed=(kwargs["max_num_batched_tokens"],))
+    if not args.graph_cache:  # a shipped graph cache brings its own sizes
+        kwargs["capture_sizes"] = CaptureSizes(decode=(min(kwargs["max_num_seqs"], len(prompts)),),
+                                               mixed=(kwargs["max_num_batched_tokens"],))
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t0

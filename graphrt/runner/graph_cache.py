@@ -36,7 +36,7 @@ class CaptureSizes:
     """Graph sizes per step shape. Defaults: powers of two, so padding wastes under half."""
 
     decode: tuple[int, ...]  # rows (= tokens) of pure decode steps
-    mixed: tuple[int, ...]  # tokens of prefill / mixed steps
+    mixed: tuple[int, ...]  # tokens of prefill / mixed steps (empty: they run eager, as misses)
 
     @classmethod
     def default(cls, max_num_seqs: int, max_num_batched_tokens: int) -> CaptureSizes:
@@ -48,8 +48,8 @@ class CaptureSizes:
     def __post_init__(self) -> None:
         for name in ("decode", "mixed"):
             sizes = getattr(self, name)
-            if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
-                raise ValueError(f"capture sizes {name}={sizes!r} must be a non-empty list of positive ints")
+            if any(not isinstance(s, int) or s < 1 for s in sizes):
+                raise ValueError(f"capture sizes {name}={sizes!r} must be a list of positive ints")
             object.__setattr__(self, name, tuple(sorted(set(sizes))))
 
 

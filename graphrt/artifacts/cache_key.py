@@ -1,0 +1,87 @@
+"""Everything that can change a compiled graph's code, as one JSON-able key."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import pathlib
+import platform
+import subprocess
+
+import torch
+
+import graphrt
+from graphrt.version import __version__
+
+
+@functools.lru_cache(maxsize=1)
+def graphrt_source_hash() -> str:
+    root = pathlib.Path(graphrt.__file__).parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def compiler_version() -> str:
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    cc = get_cpp_compiler()
+    try:
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        return f"{cc}: {out.splitlines()[0] if out else '?'}"
+    except (OSError, subprocess.SubprocessError):
+        return f"{cc}: ?"
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_fingerprint() -> str:
+    """The CPU's feature flags: an AOTInductor library targets the build machine's features."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                return hashlib.sha256(line.encode()).hexdigest()[:16]
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _installed_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict:
+    return {
+        "graphrt": __version__,
+        "graphrt_source": graphrt_source_hash(),
+        "torch": torch.__version__,
+        "torch_npu": _installed_version("torch-npu"),  # looked up, never imported
+        "cann": os.environ.get("ASCEND_TOOLKIT_VERSION"),
+        "python": platform.python_version(),
+        "compiler": compiler_version(),
+        "device": f"cpu:{cpu_fingerprint()}",
+        "rank": int(os.environ.get("RANK", "0")),
+    }
+
+
+def weights_fingerprint(module: torch.nn.Module) -> str:
+    """Names, shapes, dtypes and a sample of every weight: two models never share an entry."""
+    h = hashlib.sha256()
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        flat = t.detach().reshape(-1)
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(flat[:64].float().numpy().tobytes())
+        h.update(flat[-64:].float().numpy().tobytes())
+    return h.hexdigest()
+
+
+def entry_id(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()

@@ -33,10 +33,12 @@ def run(args: argparse.Namespace) -> int:
 
     kwargs = llm_kwargs(args)
     kwargs.update(graph_cache=args.out, compile=True)
-    if args.capture_sizes or args.mixed_sizes:
+    if args.capture_sizes is not None or args.mixed_sizes is not None:
         default = CaptureSizes.default(args.max_num_seqs, args.max_num_batched_tokens)
-        kwargs["capture_sizes"] = CaptureSizes(decode=args.capture_sizes or default.decode,
-                                               mixed=args.mixed_sizes or default.mixed)
+        kwargs["capture_sizes"] = CaptureSizes(
+            decode=default.decode if args.capture_sizes is None else args.capture_sizes,
+            mixed=default.mixed if args.mixed_sizes is None else args.mixed_sizes,
+        )
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     for rec in llm.capture_report():

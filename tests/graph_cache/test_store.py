@@ -1,0 +1,118 @@
+"""The shipped graph cache: precompile, copy, warm start with no compile, and tamper resistance."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import graphrt
+from graphrt import SamplingParams
+from graphrt.artifacts.store import ArtifactError
+from graphrt.runner.graph_cache import CaptureSizes
+from tests.helpers import make_llm
+from tests.oracle import random_prompts
+
+OPTS = dict(max_num_seqs=2, max_num_batched_tokens=16, kv_cache_memory=2_000_000, progress=False,
+            capture_sizes=CaptureSizes(decode=(2,), mixed=()))  # one graph; prefills run eager
+PROMPTS = random_prompts([4, 7], seed=50)
+GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+RUN = textwrap.dedent("""
+    import json, sys, torch
+    import graphrt
+    from graphrt.runner.graph_cache import CaptureSizes
+    from torch._dynamo.utils import counters
+    llm = graphrt.LLM(sys.argv[1], graph_cache=sys.argv[2], max_num_seqs=2, max_num_batched_tokens=16,
+                      kv_cache_memory=2_000_000, progress=False, capture_sizes=CaptureSizes(decode=(2,), mixed=()))
+    outs = llm.generate(json.loads(sys.argv[3]), graphrt.SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    print(json.dumps({"tokens": [o.token_ids for o in outs], "stats": llm.stats(),
+                      "how": [r.how for r in llm.capture_report()],
+                      "dynamo_frames": sum(counters["frames"].values()),
+                      "inductor": sum(counters["inductor"].values())}))
+""")
+
+
+def run_fresh(model, cache):
+    out = subprocess.run([sys.executable, "-c", RUN, model, cache, json.dumps(PROMPTS)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def shipped(tiny_model, tmp_path_factory):
+    """A graph cache precompiled by `graphrt precompile` in its own process."""
+    path = tiny_model("llama_gqa")
+    out = str(tmp_path_factory.mktemp("shipped") / "graphs")
+    subprocess.run([sys.executable, "-m", "graphrt.cli", "precompile", "--model", path, "--out", out,
+                    "--max-num-seqs", "2", "--max-num-batched-tokens", "16", "--kv-cache-memory", "2000000",
+                    "--capture-sizes", "2", "--mixed-sizes", ""], check=True, capture_output=True)
+    return path, out
+
+
+def test_warm_start_from_a_copy_compiles_nothing_and_matches_cold(shipped, tmp_path):
+    path, out = shipped
+    copy = str(tmp_path / "elsewhere")
+    shutil.copytree(out, copy)
+    warm = run_fresh(path, copy)
+    assert warm["how"] == ["loaded"]
+    assert warm["stats"]["compiles"] == 0 and warm["dynamo_frames"] == 0 and warm["inductor"] == 0
+    cold = make_llm(path, **{k: v for k, v in OPTS.items() if k != "capture_sizes"})
+    assert warm["tokens"] == [o.token_ids for o in cold.generate(PROMPTS, GREEDY)]
+    assert warm["stats"]["graph_hits"] > 0
+
+
+def tamper(cache, how):
+    manifest_path = os.path.join(cache, "manifest.json")
+    manifest = json.load(open(manifest_path))
+    (eid, entry), = manifest["entries"].items()
+    artifact = os.path.join(cache, entry["file"])
+    if how == "flip":
+        data = bytearray(open(artifact, "rb").read())
+        data[len(data) // 2] ^= 0xFF
+        open(artifact, "wb").write(bytes(data))
+    elif how == "truncate":
+        os.truncate(artifact, os.path.getsize(artifact) // 3)
+    elif how == "manifest":
+        entry["key"]["graph"] = "main-t999-r2"
+        json.dump(manifest, open(manifest_path, "w"))
+    elif how == "torch_version":
+        entry["key"]["torch"] = "0.0.0-other"  # a cache built by another torch
+        manifest["entries"] = {eid: entry}
+        json.dump(manifest, open(manifest_path, "w"))
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "manifest", "torch_version"])
+def test_tampered_entries_are_refused_in_strict_mode(shipped, tmp_path, how):
+    path, out = shipped
+    cache = str(tmp_path / "cache")
+    shutil.copytree(out, cache)
+    tamper(cache, how)
+    with pytest.raises(ArtifactError, match="strict"):
+        graphrt.LLM(path, graph_cache=cache, strict_graph_cache=True, **OPTS)
+
+
+def test_a_tampered_entry_is_rebuilt_and_outputs_stay_correct(shipped, tmp_path):
+    path, out = shipped
+    cache = str(tmp_path / "cache")
+    shutil.copytree(out, cache)
+    tamper(cache, "flip")
+    llm = graphrt.LLM(path, graph_cache=cache, **OPTS)
+    assert [r.how for r in llm.capture_report()] == ["compiled"]
+    assert any("SHA-256" in r for r in llm.engine.store.rejected)
+    eager = make_llm(path, **{k: v for k, v in OPTS.items() if k != "capture_sizes"})
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == [o.token_ids for o in eager.generate(PROMPTS, GREEDY)]
+    again = graphrt.LLM(path, graph_cache=cache, **OPTS)  # the rebuilt entry now loads
+    assert [r.how for r in again.capture_report()] == ["loaded"]
+
+
+def test_no_compile_or_trace_during_generate(tiny_model):
+    from torch._dynamo.utils import counters
+
+    llm = graphrt.LLM(tiny_model("llama_gqa"), backend="eager", **{**OPTS, "capture_sizes": CaptureSizes((1, 2), (16,))})
+    before = (sum(counters["frames"].values()), llm.stats()["compiles"])
+    llm.generate(random_prompts([3, 12, 5], seed=51), GREEDY)
+    assert (sum(counters["frames"].values()), llm.stats()["compiles"]) == before

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from graphrt.artifacts.store import ArtifactStore
@@ -20,6 +21,7 @@ from graphrt.core.block_manager import BlockManager
 from graphrt.core.request import Request
 from graphrt.core.scheduler import NewRequestData, Scheduler, SchedulerConfig, SchedulerOutput
 from graphrt.core.stop import Detokenizer, token_stop_reason
+from graphrt.grammar import GrammarCompiler, RequestGrammar
 from graphrt.loader import LoadedModel, load_model, resolve_dtype
 from graphrt.outputs import RequestOutput
 from graphrt.passes import PassManager
@@ -57,6 +59,7 @@ class EngineConfig:
     compile: bool = True
     backend: str = "inductor"  # inner backend of compiled graphs: inductor, eager, torchair
     passes_disabled: tuple[str, ...] = ()
+    grammar_backend: str = "in-graph"  # or "xgrammar-cpu": the reference host round trip
     graph_cache: str | None = None  # directory of precompiled graphs (AOTInductor packages)
     strict_graph_cache: bool = False  # refuse, rather than rebuild, an untrustworthy entry
 
@@ -74,6 +77,8 @@ class _Tracked:
     request: Request
     detok: Detokenizer
     output: RequestOutput
+    grammar: RequestGrammar | None = None
+    no_token_allowed: bool = False
 
 
 class LLMEngine:
@@ -106,7 +111,8 @@ class LLMEngine:
         )
         self.block_size = self.config.cache.block_size
         self.max_blocks = -(-self.max_model_len // self.block_size)
-        self.step_module = StepModule(self.loaded.model, self.block_size)
+        self.step_module = StepModule(self.loaded.model, self.block_size, self.config.grammar_backend)
+        self.grammar_compiler: GrammarCompiler | None = None  # built on the first constrained request
         sizes = self.config.capture_sizes or CaptureSizes.default(
             self.sched_config.max_num_seqs, self.sched_config.max_num_batched_tokens
         )
@@ -159,6 +165,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.step_module, self.kv_caches, self.graphs, self.sched_config.max_num_seqs, self.max_model_len
         )
+        self.runner.bitmask_provider = self._fill_bitmask
         return self.kv_plan
 
     def capture_model(self) -> list[CaptureRecord]:
@@ -221,11 +228,12 @@ class LLMEngine:
             raise InvalidRequestError(f"sampling params must be SamplingParams or a dict, got {type(params).__name__}")
         ids = self.tokenize(prompt, chat)
         self.validate_params(params)
+        grammar = self._grammar_for(params) if params.has_constraint else None
         rid = str(next(self._ids))
         seed = params.seed if params.seed is not None else self._rng.randrange(1 << 62)
         req = Request(rid, ids, params, seed, self.loaded.eos_token_ids)
         stops = params.stop
-        self._tracked[rid] = _Tracked(req, Detokenizer(self.tokenizer, stops), RequestOutput(rid, list(ids)))
+        self._tracked[rid] = _Tracked(req, Detokenizer(self.tokenizer, stops), RequestOutput(rid, list(ids)), grammar)
         self.scheduler.add_request(req)
         return rid
 
@@ -237,6 +245,26 @@ class LLMEngine:
             raise InvalidRequestError(f"stop_token_ids {bad} are outside the vocabulary [0, {vocab})")
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer; this checkpoint has none")
+
+    def _grammar_for(self, params: SamplingParams) -> RequestGrammar:
+        if self.tokenizer is None:
+            raise InvalidRequestError("structured output needs a tokenizer; this checkpoint has none")
+        if self.grammar_compiler is None:
+            self.grammar_compiler = GrammarCompiler(self.tokenizer.hf, self.loaded.config.vocab_size)
+        compiled = self.grammar_compiler.compile(params)
+        return RequestGrammar(compiled, self.loaded.config.vocab_size)
+
+    def _fill_bitmask(self, req_ids: tuple[str, ...], samples) -> np.ndarray | None:
+        """Each constrained row that samples this step gets its matcher's mask; others allow all."""
+        rows = [(r, self._tracked[rid]) for r, rid in enumerate(req_ids)
+                if samples[r] and self._tracked[rid].grammar is not None]
+        if not rows:
+            return None
+        words = -(-self.loaded.config.vocab_size // 32)
+        mask = np.full((len(req_ids), words), -1, dtype=np.int32)
+        for r, tracked in rows:
+            tracked.no_token_allowed = not tracked.grammar.fill(mask[r])
+        return mask
 
     def abort(self, request_id: str) -> None:
         tracked = self._tracked.get(request_id)
@@ -265,10 +293,16 @@ class LLMEngine:
         for req in self.scheduler.after_step(out):
             tracked = self._tracked[req.request_id]
             token = result.sampled[req.request_id]
+            if tracked.grammar is not None and (tracked.no_token_allowed or not tracked.grammar.accept(token)):
+                self._finish(tracked, "grammar")  # the grammar allows nothing: emit nothing illegal
+                changed.append(tracked.output)
+                continue
             req.output_token_ids.append(token)
             req.output_logprobs.append(result.logprobs[req.request_id])
             reason = token_stop_reason(req, token, self.max_model_len)
             if tracked.detok.update(req.output_token_ids) and reason is None:
+                reason = "stop"
+            if reason is None and tracked.grammar is not None and tracked.grammar.terminated:
                 reason = "stop"
             self._sync_output(tracked)
             if reason is not None:

@@ -36,11 +36,12 @@ class LLM:
         progress: bool = True,
         graph_cache: str | None = None,
         strict_graph_cache: bool = False,
+        grammar_backend: str = "in-graph",
     ) -> None:
         cache = CacheConfig(block_size, kv_cache_memory, kv_cache_fraction, enable_prefix_caching)
         config = EngineConfig(
             model, dtype, max_num_seqs, max_num_batched_tokens, max_model_len, cache, seed, capture_sizes,
-            progress, compile, backend, tuple(passes_disabled), graph_cache, strict_graph_cache,
+            progress, compile, backend, tuple(passes_disabled), grammar_backend, graph_cache, strict_graph_cache,
         )
         self.engine = LLMEngine(config).start()
 

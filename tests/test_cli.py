@@ -29,3 +29,17 @@ def test_generate_bad_model_is_one_clear_line(tmp_path, capsys):
     rc = main(["generate", "--model", str(tmp_path / "missing.gguf")])
     err = capsys.readouterr().err
     assert rc == 2 and "does not exist" in err and "Traceback" not in err
+
+
+def test_generate_with_a_json_schema_file_and_choice(tiny_tok_model, tmp_path, capsys):
+    import json
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))
+    rc = main(["generate", "--no-compile", "--model", tiny_tok_model, "--prompt", "Answer:", "--max-tokens", "20",
+               "--kv-cache-memory", "4000000", "--json-schema", str(schema)])
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    assert rc == 0 and json.loads(out) in ({"ok": True}, {"ok": False})
+    rc = main(["generate", "--no-compile", "--model", tiny_tok_model, "--prompt", "Answer:", "--max-tokens", "5",
+               "--kv-cache-memory", "4000000", "--choice", "yes", "--choice", "no"])
+    assert rc == 0 and capsys.readouterr().out.strip().splitlines()[-1] in ("yes", "no")

@@ -22,6 +22,10 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     p.add_argument("--stream", action="store_true", help="print text as it is produced")
+    p.add_argument("--json-schema", default=None, help="a JSON schema file: the output must validate")
+    p.add_argument("--regex", default=None, help="the output must match this regular expression")
+    p.add_argument("--choice", action="append", default=None, help="the output is one of these (repeatable)")
+    p.add_argument("--grammar-backend", default="in-graph", choices=["in-graph", "xgrammar-cpu"])
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(func=run)
 
@@ -34,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = args.prompt or [DEFAULT_PROMPT]
     chat = args.chat or args.prompt is None
     kwargs = llm_kwargs(args)
+    kwargs["grammar_backend"] = args.grammar_backend
     # One-shot generation needs two graphs: the prefill at the token budget and the decode of
     # this many prompts (each cold compile costs tens of seconds on a small CPU).
     if not args.graph_cache:  # a shipped graph cache brings its own sizes
@@ -42,8 +47,13 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t0
+    schema = None
+    if args.json_schema:
+        with open(args.json_schema) as f:
+            schema = f.read()
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed if args.temperature > 0 else None)
+                            top_k=args.top_k, seed=args.seed if args.temperature > 0 else None,
+                            json_schema=schema, regex=args.regex, choice=args.choice)
     t1 = time.perf_counter()
     if args.stream:
         counts = [0] * len(prompts)

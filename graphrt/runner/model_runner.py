@@ -40,7 +40,8 @@ class ModelRunner:
         self.block_size = step.block_size
         self.max_blocks = graphs.max_blocks
         self.table = RequestTable(max_num_seqs, max_model_len, self.max_blocks)
-        self.bitmask_provider = None  # set by the engine when structured output is in use
+        # (req_ids, samples) → [R, words] int32 bitmask or None; set by the engine for grammars
+        self.bitmask_provider = None
 
     # --- the step -----------------------------------------------------------------------------
 
@@ -79,9 +80,10 @@ class ModelRunner:
         positions = computed[token_req] + np.arange(int(qsl[-1])) - qsl[token_req]
         seq_lens = computed + n
         width = max(1, -(-int(seq_lens.max()) // self.block_size))
+        samples = seq_lens == t.num_tokens[slots]
         bitmask = None
         if self.bitmask_provider is not None:
-            bitmask = self.bitmask_provider(req_ids)
+            bitmask = self.bitmask_provider(req_ids, samples)
         return StepBatch(
             req_ids=req_ids,
             token_ids=t.token_ids[slots[token_req], positions],
@@ -98,7 +100,7 @@ class ModelRunner:
             seeds=t.seed[slots],
             offsets=seq_lens,
             bitmask=bitmask,
-            samples=seq_lens == t.num_tokens[slots],
+            samples=samples,
         )
 
     # --- eager execution behind every key without a graph --------------------------------------

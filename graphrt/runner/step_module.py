@@ -13,12 +13,19 @@ from torch import nn
 from graphrt.kernels import canonical
 from graphrt.models.attention import AttentionInputs
 
+GRAMMAR_BACKENDS = ("in-graph", "xgrammar-cpu")
+
 
 class StepModule(nn.Module):
-    def __init__(self, model: nn.Module, block_size: int) -> None:
+    def __init__(self, model: nn.Module, block_size: int, grammar_backend: str = "in-graph") -> None:
         super().__init__()
+        if grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"grammar_backend={grammar_backend!r} is not known; backends: {GRAMMAR_BACKENDS}")
         self.model = model
         self.block_size = block_size
+        self.grammar_backend = grammar_backend
+        if grammar_backend == "xgrammar-cpu":
+            import graphrt.grammar.reference_op  # noqa: F401  (registers the op)
 
     def forward(
         self,
@@ -42,4 +49,7 @@ class StepModule(nn.Module):
         attn = AttentionInputs(block_tables, seq_lens, query_start_loc, token_req, slot_mapping)
         hidden = self.model(input_ids, positions, kv_caches, attn)
         logits = self.model.compute_logits(hidden, logits_indices)
+        if self.grammar_backend == "xgrammar-cpu":  # the reference: a host round trip of the logits
+            logits = torch.ops.graphrt.xgrammar_bitmask_cpu(logits, bitmask)
+            bitmask = torch.full_like(bitmask, -1)
         return canonical.sample(logits, bitmask, temperature, top_k, top_p, min_p, seeds, offsets)

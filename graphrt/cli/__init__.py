@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from graphrt.cli import generate, precompile
+from graphrt.cli import bench, generate, precompile
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -13,6 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     generate.add_parser(sub)
     precompile.add_parser(sub)
+    bench.add_parser(sub)
     return parser
 
 

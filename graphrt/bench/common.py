@@ -1,0 +1,54 @@
+"""What every benchmark prints and shares: machine facts, timers, statistics."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+
+def machine_facts(dtype: str) -> dict:
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "dtype": dtype,
+    }
+
+
+def print_facts(facts: dict) -> None:
+    print("machine: " + ", ".join(f"{k}={v}" for k, v in facts.items()))
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def p90(xs: list[float]) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
+
+
+def write_json(path: str | None, data: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+        print(f"wrote {path}")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        dt, self.t = now - self.t, now
+        return dt

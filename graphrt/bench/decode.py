@@ -1,0 +1,185 @@
+"""``graphrt bench decode``: graphrt compiled, graphrt eager and transformers, interleaved per
+batch size on the same weights, prompts and greedy settings."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from graphrt.bench.common import machine_facts, median, p90, print_facts, write_json
+from graphrt.bench.roofline import decode_step_bytes, measure_bandwidth
+
+
+def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(100, vocab, (length,), generator=g).tolist() for _ in range(batch)]
+
+
+def run_graphrt(llm, prompts: list[list[int]], gen_len: int) -> dict:
+    from graphrt import SamplingParams
+
+    engine = llm.engine
+    inside = []
+    real_run = engine.graphs.run
+
+    def timed_run(*a, **kw):
+        t = time.perf_counter()
+        out = real_run(*a, **kw)
+        inside.append(time.perf_counter() - t)
+        return out
+
+    engine.graphs.run = timed_run
+    try:
+        params = SamplingParams(max_tokens=gen_len, temperature=0, ignore_eos=True)
+        ids = [engine.add_request(p, params) for p in prompts]
+        steps, graph_s, ttft = [], [], None
+        start = time.perf_counter()
+        while engine.has_unfinished():
+            inside.clear()
+            t = time.perf_counter()
+            engine.step()
+            dt = time.perf_counter() - t
+            if ttft is None:
+                if all(engine.output(r).token_ids for r in ids):
+                    ttft = time.perf_counter() - start
+            else:
+                steps.append(dt)
+                graph_s.append(sum(inside))
+        total = time.perf_counter() - start
+        tokens = sum(len(engine.output(r).token_ids) for r in ids)
+        outputs = [engine.output(r).token_ids for r in ids]
+        for r in ids:
+            engine.release(r)
+    finally:
+        engine.graphs.run = real_run
+    decode_tokens = tokens - len(ids)
+    return {
+        "decode_tok_s": decode_tokens / (total - ttft),
+        "step_ms_median": 1e3 * median(steps),
+        "step_ms_p90": 1e3 * p90(steps),
+        "ttft_s": ttft,
+        "overhead_frac": 1 - sum(graph_s) / sum(steps) if steps else float("nan"),
+        "tokens": outputs,
+    }
+
+
+def run_transformers(hf_model, prompts: list[list[int]], gen_len: int) -> dict:
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    stamps: list[float] = []
+
+    class Stamp(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            stamps.append(time.perf_counter())
+            return scores
+
+    ids = torch.tensor(prompts)
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_len, min_new_tokens=gen_len,
+                                do_sample=False, logits_processor=LogitsProcessorList([Stamp()]), pad_token_id=0)
+    total = time.perf_counter() - start
+    steps = [b - a for a, b in zip(stamps, stamps[1:])]
+    ttft = stamps[0] - start
+    return {
+        "decode_tok_s": len(prompts) * (gen_len - 1) / (total - ttft),
+        "step_ms_median": 1e3 * median(steps),
+        "step_ms_p90": 1e3 * p90(steps),
+        "ttft_s": ttft,
+        "overhead_frac": float("nan"),
+        "tokens": out[:, ids.shape[1]:].tolist(),
+    }
+
+
+def load_transformers(model_path: str | None, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    from graphrt.loader import default_model_path
+
+    path = model_path or default_model_path()
+    if path.endswith(".gguf"):
+        return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                    dtype=dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+
+def bench_decode(model: str | None, dtype: str, batch_sizes: list[int], prompt_len: int, gen_len: int,
+                 graph_cache: str | None, with_transformers: bool = True, backend: str = "inductor") -> dict:
+    from graphrt.llm import LLM
+    from graphrt.runner.graph_cache import CaptureSizes
+
+    facts = machine_facts(dtype)
+    print_facts(facts)
+    budget = max(batch_sizes) * prompt_len
+    common = dict(dtype=dtype, max_num_seqs=max(batch_sizes), max_num_batched_tokens=budget,
+                  max_model_len=prompt_len + gen_len + 16, kv_cache_memory=None, progress=True)
+    sizes = CaptureSizes(decode=tuple(sorted(set(batch_sizes))), mixed=tuple(sorted({b * prompt_len for b in batch_sizes})))
+    compiled = LLM(model, capture_sizes=sizes, graph_cache=graph_cache, backend=backend, **common)
+    eager = LLM(compiled.engine.loaded.model, compile=False, **common)
+    hf = load_transformers(model, compiled.engine.dtype) if with_transformers else None
+    cfg = compiled.engine.loaded.config
+    bandwidth = measure_bandwidth()
+    rows = []
+    for b in batch_sizes:
+        prompts = random_prompts(b, prompt_len, cfg.vocab_size, seed=b)
+        run_graphrt(compiled, prompts, 4)  # warm-up at this size
+        row = {"batch": b, "graphrt": run_graphrt(compiled, prompts, gen_len),
+               "graphrt_eager": run_graphrt(eager, prompts, gen_len)}
+        if hf is not None:
+            run_transformers(hf, prompts, 4)
+            row["transformers"] = run_transformers(hf, prompts, gen_len)
+            row["ratio_vs_transformers"] = row["graphrt"]["decode_tok_s"] / row["transformers"]["decode_tok_s"]
+            row["same_tokens_as_transformers"] = row["graphrt"]["tokens"] == row["transformers"]["tokens"]
+        step_bytes = decode_step_bytes(compiled.engine.loaded.model, cfg, b, prompt_len + gen_len // 2,
+                                       compiled.engine.dtype)
+        row["roofline_tok_s"] = b * bandwidth / step_bytes
+        row["roofline_frac"] = row["graphrt"]["decode_tok_s"] / row["roofline_tok_s"]
+        for engine in ("graphrt", "graphrt_eager", "transformers"):
+            row.get(engine, {}).pop("tokens", None)
+        rows.append(row)
+        print_row(row)
+    return {"machine": facts, "bandwidth_gb_s": bandwidth / 1e9, "prompt_len": prompt_len, "gen_len": gen_len,
+            "rows": rows, "capture": [(r.key.name, r.how, round(r.seconds, 1)) for r in compiled.capture_report()]}
+
+
+def print_row(row: dict) -> None:
+    b = row["batch"]
+    for name in ("graphrt", "graphrt_eager", "transformers"):
+        r = row.get(name)
+        if r is None:
+            continue
+        extra = f"  overhead {100 * r['overhead_frac']:.1f}%" if name == "graphrt" else ""
+        print(f"batch {b:>3}  {name:<14} {r['decode_tok_s']:8.1f} tok/s  step {r['step_ms_median']:7.2f} ms "
+              f"(p90 {r['step_ms_p90']:7.2f})  ttft {r['ttft_s']:6.3f} s{extra}")
+    if "ratio_vs_transformers" in row:
+        print(f"batch {b:>3}  graphrt/transformers {row['ratio_vs_transformers']:.2f}x, "
+              f"same tokens: {row['same_tokens_as_transformers']}, "
+              f"roofline {row['roofline_tok_s']:.1f} tok/s ({100 * row['roofline_frac']:.0f}% reached)")
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    bs = [r["batch"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in ("graphrt", "graphrt_eager", "transformers"):
+        if name in rows[0]:
+            ax.plot(bs, [r[name]["decode_tok_s"] for r in rows], marker="o", label=name)
+    ax.plot(bs, [r["roofline_tok_s"] for r in rows], linestyle="--", label="memory roofline")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title(f"decode throughput ({result['machine']['dtype']}, {result['machine']['threads']} threads)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+__all__ = ["bench_decode", "plot", "write_json"]

@@ -1,0 +1,30 @@
+"""Memory bandwidth of this machine and the bytes a decode step must move."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def measure_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """Bytes per second of a large copy, counting bytes read and written; best of ``repeats``."""
+    n = int(gib * 2**30) // 4
+    src = torch.ones(n)
+    dst = torch.empty(n)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n * 4 / best
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def decode_step_bytes(model: torch.nn.Module, cfg, batch: int, context: int, dtype: torch.dtype) -> int:
+    """Weights once per step (the tied LM head is the embedding) + every row's K/V read."""
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize * context * batch
+    return weight_bytes(model) + kv

@@ -1,0 +1,69 @@
+"""``graphrt bench decode | startup | roofline | grammar``."""
+
+from __future__ import annotations
+
+import argparse
+
+from graphrt.bench.common import machine_facts, print_facts, write_json
+
+
+def _sizes(text: str) -> list[int]:
+    return [int(s) for s in text.split(",") if s.strip()]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmarks: decode, startup, roofline, grammar")
+    kinds = p.add_subparsers(dest="bench", required=True)
+    for name, help_ in (("decode", "decode tokens/s against transformers"), ("startup", "cold vs warm start"),
+                        ("roofline", "bandwidth and the fraction of it decode reaches"),
+                        ("grammar", "constrained vs unconstrained step time")):
+        k = kinds.add_parser(name, help=help_)
+        k.add_argument("--model", default=None)
+        k.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+        k.add_argument("--json", default=None, help="write the results as JSON here")
+        k.add_argument("--graph-cache", default=None)
+        if name in ("decode", "roofline"):
+            k.add_argument("--batch-sizes", type=_sizes, default=[1, 8] if name == "roofline" else [1, 2, 4, 8])
+            k.add_argument("--prompt-len", type=int, default=128)
+            k.add_argument("--gen-len", type=int, default=128)
+            k.add_argument("--backend", default="inductor", choices=["inductor", "eager"])
+        if name == "decode":
+            k.add_argument("--plot", default=None, help="draw throughput against batch size into this PNG")
+            k.add_argument("--no-transformers", action="store_true")
+        if name == "grammar":
+            k.add_argument("--batch", type=int, default=4)
+            k.add_argument("--no-compile", action="store_true")
+        k.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.bench == "decode":
+        from graphrt.bench.decode import bench_decode, plot
+
+        result = bench_decode(args.model, args.dtype, args.batch_sizes, args.prompt_len, args.gen_len,
+                              args.graph_cache, not args.no_transformers, args.backend)
+        if args.plot:
+            plot(result, args.plot)
+    elif args.bench == "roofline":
+        from graphrt.bench.decode import bench_decode
+
+        result = bench_decode(args.model, args.dtype, args.batch_sizes, args.prompt_len, args.gen_len,
+                              args.graph_cache, False, args.backend)
+        print(f"bandwidth {result['bandwidth_gb_s']:.1f} GB/s (copy, read + write counted)")
+    elif args.bench == "startup":
+        from graphrt.bench.startup import bench_startup
+
+        print_facts(machine_facts(args.dtype))
+        result = bench_startup(args.model, args.dtype, args.graph_cache)
+    else:
+        from graphrt.bench.grammar import bench_grammar
+        from graphrt.llm import LLM
+        from graphrt.runner.graph_cache import CaptureSizes
+
+        print_facts(machine_facts(args.dtype))
+        llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.batch, max_num_batched_tokens=64,
+                  compile=not args.no_compile, graph_cache=args.graph_cache,
+                  capture_sizes=CaptureSizes(decode=(args.batch,), mixed=(64,)))
+        result = bench_grammar(llm, args.batch)
+    write_json(args.json, result)
+    return 0

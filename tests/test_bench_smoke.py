@@ -1,0 +1,28 @@
+"""Smoke tests of the benchmark harness on a tiny model: the JSON's fields, never its speed."""
+
+import json
+
+from graphrt.cli import main
+
+
+def test_bench_decode_writes_its_fields(tiny_tok_model, tmp_path):
+    out = tmp_path / "decode.json"
+    plot = tmp_path / "decode.png"
+    rc = main(["bench", "decode", "--model", tiny_tok_model, "--batch-sizes", "2", "--prompt-len", "8",
+               "--gen-len", "6", "--backend", "eager", "--json", str(out), "--plot", str(plot)])
+    assert rc == 0 and plot.stat().st_size > 0
+    result = json.loads(out.read_text())
+    assert {"machine", "bandwidth_gb_s", "rows", "capture"} <= set(result)
+    row = result["rows"][0]
+    assert row["batch"] == 2 and row["same_tokens_as_transformers"] is True
+    for engine in ("graphrt", "graphrt_eager", "transformers"):
+        assert {"decode_tok_s", "step_ms_median", "step_ms_p90", "ttft_s"} <= set(row[engine])
+    assert {"ratio_vs_transformers", "roofline_tok_s", "roofline_frac"} <= set(row)
+    assert 0 <= row["graphrt"]["overhead_frac"] < 1
+    assert result["machine"]["threads"] >= 1 and result["machine"]["torch"]
+
+
+def test_bench_grammar_reports_overhead(tiny_tok_model, tmp_path):
+    out = tmp_path / "grammar.json"
+    assert main(["bench", "grammar", "--model", tiny_tok_model, "--batch", "2", "--no-compile", "--json", str(out)]) == 0
+    assert {"free_step_ms", "constrained_step_ms", "overhead_frac"} <= set(json.loads(out.read_text()))

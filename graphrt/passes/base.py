@@ -50,14 +50,15 @@ class GraphPass:
 
 
 class FusionPass(GraphPass):
-    """Find every exact match of a canonical function and replace it with one fused op."""
+    """Find every exact match of its canonical functions (one per accepted spelling) and replace
+    each with one fused op."""
 
-    pattern_fn: Callable
+    pattern_fns: tuple[Callable, ...]
     witness: Callable[[Node], bool] = staticmethod(lambda n: False)  # unfused leftovers to report
 
     def __init__(self, **options) -> None:
         super().__init__(**options)
-        self.pattern = Pattern(self.pattern_fn)
+        self.patterns = [Pattern(fn) for fn in self.pattern_fns]
 
     def sources(self) -> list[str]:
         # The pattern is traced from kernels/canonical.py: editing it changes what matches.
@@ -73,11 +74,12 @@ class FusionPass(GraphPass):
 
     def __call__(self, graph: fx.Graph) -> PassResult:
         result = PassResult()
-        while (m := find_match(self.pattern, graph, self.accept)) is not None:
-            with graph.inserting_before(insertion_point(graph, m)):
-                new = self.rewrite(graph, m)
-            replace_match(graph, m, new)
-            result.matched += 1
+        for pattern in self.patterns:
+            while (m := find_match(pattern, graph, self.accept)) is not None:
+                with graph.inserting_before(insertion_point(graph, m)):
+                    new = self.rewrite(graph, m)
+                replace_match(graph, m, new)
+                result.matched += 1
         result.unmatched = sum(1 for n in graph.nodes if self.witness(n))
         log.debug("%s: %d rewritten, %d left", self.name, result.matched, result.unmatched)
         return result

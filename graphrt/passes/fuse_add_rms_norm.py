@@ -18,30 +18,20 @@ pass manager leaves it off for Inductor.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 
 from graphrt.kernels import canonical
 from graphrt.passes.base import FusionPass
-from graphrt.passes.matcher import set_fake_meta
+from graphrt.passes.matcher import emit
 
 
 class FuseAddRmsNorm(FusionPass):
     name = "fuse_add_rms_norm"
-    pattern_fn = staticmethod(canonical.add_rms_norm)
+    pattern_fns = (canonical.add_rms_norm,)
 
     def accept(self, m) -> bool:
         return isinstance(m["eps"], float)
 
     def rewrite(self, graph, m):
-        op = torch.ops.graphrt.fused_add_rms_norm.default
         args = (m["x"], m["residual"], m["weight"], m["eps"])
-        node = graph.call_function(op, args)
-        set_fake_meta(node, op, *args)
-        outs = []
-        for i in range(2):
-            out = graph.call_function(operator.getitem, (node, i))
-            set_fake_meta(out, lambda t, i=i: t[i], node)
-            outs.append(out)
-        return outs
+        return emit(graph, torch.ops.graphrt.fused_add_rms_norm.default, args, num_outputs=2)

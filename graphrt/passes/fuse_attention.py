@@ -32,7 +32,7 @@ import torch
 
 from graphrt.kernels import canonical
 from graphrt.passes.base import FusionPass
-from graphrt.passes.matcher import Pattern, set_fake_meta
+from graphrt.passes.matcher import emit
 
 
 def _is_einsum(n) -> bool:
@@ -45,37 +45,15 @@ def _is_sdpa(n) -> bool:
 
 class FuseAttention(FusionPass):
     name = "fuse_attention"
-    pattern_fn = staticmethod(canonical.attention)
+    pattern_fns = (canonical.attention, canonical.attention_sdpa)
     witness = staticmethod(lambda n: _is_einsum(n) or _is_sdpa(n))
-
-    def __init__(self, **options) -> None:
-        super().__init__(**options)
-        self.patterns = [self.pattern, Pattern(canonical.attention_sdpa)]
-
-    def __call__(self, graph):
-        result = None
-        for pattern in self.patterns:
-            self.pattern = pattern
-            r = super().__call__(graph)
-            if result is None:
-                result = r
-            else:
-                result.matched += r.matched
-                result.unmatched = r.unmatched
-        self.pattern = self.patterns[0]
-        return result
 
     def accept(self, m) -> bool:
         return isinstance(m["scale"], float)
 
     def rewrite(self, graph, m):
-        op = torch.ops.graphrt.paged_attention.default
-        q = m["q"]
-        args = (q, m["k"], m["v"], m["k_cache"], m["v_cache"], m["slots"], m["block_tables"],
+        args = (m["q"], m["k"], m["v"], m["k_cache"], m["v_cache"], m["slots"], m["block_tables"],
                 m["seq_lens"], m["query_start_loc"], m["scale"])
-        attn = graph.call_function(op, args)
-        set_fake_meta(attn, op, *args)
-        out = graph.call_method("flatten", (attn, 1))
-        set_fake_meta(out, lambda t: t.flatten(1), attn)
-        return [out]
+        (attn,) = emit(graph, torch.ops.graphrt.paged_attention.default, args)
+        return emit(graph, torch.flatten, (attn, 1))  # [T, H, D] → the pattern's [T, H * D]
 

@@ -22,13 +22,11 @@ top-k / top-p, which the traceable chain cannot.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 
 from graphrt.kernels import canonical
 from graphrt.passes.base import FusionPass
-from graphrt.passes.matcher import set_fake_meta
+from graphrt.passes.matcher import emit
 
 
 def _is_draw(n) -> bool:
@@ -37,7 +35,7 @@ def _is_draw(n) -> bool:
 
 class FuseSampling(FusionPass):
     name = "fuse_sampling"
-    pattern_fn = staticmethod(canonical.sample)
+    pattern_fns = (canonical.sample,)
     witness = staticmethod(_is_draw)
 
     def accept(self, m) -> bool:
@@ -45,13 +43,5 @@ class FuseSampling(FusionPass):
         return getattr(logits, "op", None) == "call_function" and logits.target is torch._C._nn.linear
 
     def rewrite(self, graph, m):
-        op = torch.ops.graphrt.sample.default
         args = tuple(m[n] for n in ("logits", "temperature", "top_k", "top_p", "min_p", "seeds", "offsets", "bitmask"))
-        node = graph.call_function(op, args)
-        set_fake_meta(node, op, *args)
-        outs = []
-        for i in range(2):
-            out = graph.call_function(operator.getitem, (node, i))
-            set_fake_meta(out, lambda t, i=i: t[i], node)
-            outs.append(out)
-        return outs
+        return emit(graph, torch.ops.graphrt.sample.default, args, num_outputs=2)

@@ -22,20 +22,17 @@ import torch
 
 from graphrt.kernels import canonical
 from graphrt.passes.base import FusionPass
-from graphrt.passes.matcher import set_fake_meta
+from graphrt.passes.matcher import emit
 
 
 class FuseSlotMapping(FusionPass):
     name = "fuse_slot_mapping"
-    pattern_fn = staticmethod(canonical.slot_mapping)
+    pattern_fns = (canonical.slot_mapping,)
     witness = staticmethod(lambda n: n.op == "call_function" and n.target is torch.where and n.args[2:3] == (-1,))
 
     def accept(self, m) -> bool:
         return isinstance(m["block_size"], int)
 
     def rewrite(self, graph, m):
-        op = torch.ops.graphrt.slot_mapping.default
         args = (m["positions"], m["token_req"], m["block_tables"], m["block_size"])
-        node = graph.call_function(op, args)
-        set_fake_meta(node, op, *args)
-        return [node]
+        return emit(graph, torch.ops.graphrt.slot_mapping.default, args)

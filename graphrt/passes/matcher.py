@@ -238,6 +238,21 @@ def set_fake_meta(node: Node, fn: Callable, *args: Any) -> None:
         node.meta["example_value"] = fn(*fake_args)
 
 
+def emit(graph: fx.Graph, op, args: tuple, num_outputs: int = 0) -> list[Node]:
+    """Insert ``op(*args)`` (with example values) at the graph's insertion point; returns
+    ``[node]``, or its ``num_outputs`` getitem nodes when the op returns a tuple."""
+    node = graph.call_function(op, args)
+    set_fake_meta(node, op, *args)
+    if not num_outputs:
+        return [node]
+    outs = []
+    for i in range(num_outputs):
+        out = graph.call_function(operator.getitem, (node, i))
+        set_fake_meta(out, lambda t, i=i: t[i], node)
+        outs.append(out)
+    return outs
+
+
 def replace_match(graph: fx.Graph, m: Match, new_outputs: list[Node]) -> None:
     """Point every user of the match's outputs at the new nodes, then erase the match."""
     for old, new in zip(m.outputs, new_outputs):

@@ -89,15 +89,35 @@ class LLMEngine:
         self._ids = itertools.count()
         self._tracked: dict[str, _Tracked] = {}
         self.num_compiles = 0
+        self.activation_peak = 0  # bytes; measured by profile_run when the KV budget needs it
 
     # --- start-up, in this order ---------------------------------------------------------------
 
     def start(self) -> LLMEngine:
         self.load()
-        self.profile_run()
+        self.open_graph_cache()
+        if self.kv_budget() is None:  # only a budget that is a share of free memory needs the profile
+            self.profile_run()
         self.initialize_kv_cache()
         self.capture_model()
         return self
+
+    def open_graph_cache(self) -> None:
+        self.store = ArtifactStore(self.config.graph_cache, self.config.strict_graph_cache) \
+            if self.config.graph_cache and self.config.compile else None
+        self.model_key = model_key(self.loaded.config.to_dict(), self.dtype, self.step_module, self.block_size)
+
+    def kv_budget(self) -> int | None:
+        """The KV cache's bytes when they are fixed: given, or those the shipped graphs were built
+        for (graphs are built for one KV cache shape); None means a share of free memory."""
+        if self.config.cache.kv_cache_memory is not None:
+            return self.config.cache.kv_cache_memory
+        if self.store is not None:
+            shipped = {e.get("kv_num_blocks") for e in self.store.entries()
+                       if e.get("key", {}).get("model") == self.model_key}
+            if len(shipped) == 1:
+                return shipped.pop() * bytes_per_block(self.loaded.config, self.block_size, self.dtype)
+        return None
 
     def load(self) -> None:
         self.loaded: LoadedModel = load_model(self.config.model, self.dtype)
@@ -142,19 +162,9 @@ class LLMEngine:
         return self.activation_peak
 
     def initialize_kv_cache(self) -> KVCachePlan:
-        cache = self.config.cache
-        self.store = ArtifactStore(self.config.graph_cache, self.config.strict_graph_cache) \
-            if self.config.graph_cache and self.config.compile else None
-        self.model_key = model_key(self.loaded.config.to_dict(), self.dtype, self.step_module, self.block_size)
-        if self.store is not None and cache.kv_cache_memory is None:
-            # Graphs are built for one KV cache shape: without an explicit budget, take the one the
-            # shipped graphs were built for.
-            shipped = {e.get("kv_num_blocks") for e in self.store.entries() if e.get("key", {}).get("model") == self.model_key}
-            if len(shipped) == 1:
-                blocks = shipped.pop()
-                cache = dataclasses.replace(cache, kv_cache_memory=blocks * bytes_per_block(
-                    self.loaded.config, self.block_size, self.dtype))
-        self.kv_plan = plan_kv_cache(self.loaded.config, cache, self.dtype, self.max_model_len, self.activation_peak)
+        cache = dataclasses.replace(self.config.cache, kv_cache_memory=self.kv_budget())
+        self.kv_plan = plan_kv_cache(self.loaded.config, cache, self.dtype, self.max_model_len,
+                                     self.activation_peak)
         self.kv_caches = allocate_kv_caches(
             self.loaded.config, self.kv_plan.num_blocks, self.block_size, self.dtype
         )

@@ -24,7 +24,7 @@ first = llm.generate([prompt], graphrt.SamplingParams(max_tokens=1, temperature=
 ttft = time.perf_counter() - t0
 llm.generate([prompt], graphrt.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
 print(json.dumps({"ttft_s": ttft, "total_s": time.perf_counter() - t0, "compiles": llm.stats()["compiles"],
-                  "dynamo_frames": sum(counters["frames"].values()), "how": [r.how for r in llm.capture_report()],
+                  "dynamo_graphs": counters["stats"]["unique_graphs"], "how": [r.how for r in llm.capture_report()],
                   "token": first[0].token_ids}))
 """
 
@@ -51,7 +51,7 @@ def bench_startup(model: str | None, dtype: str, cache: str | None = None) -> di
     for name in ("cold", "warm"):
         r = result[name]
         print(f"{name}: first token {r['ttft_s']:.2f} s, total {r['total_s']:.2f} s, process {r['process_s']:.2f} s, "
-              f"compiles {r['compiles']}, dynamo frames {r['dynamo_frames']}, graphs {r['how']}")
+              f"compiles {r['compiles']}, dynamo graphs {r['dynamo_graphs']}, graphs {r['how']}")
     print(f"warm/cold: first token {100 * result['ttft_ratio']:.1f}%, total {100 * result['total_ratio']:.1f}%, "
           f"same first token: {cold['token'] == warm['token']}")
     return result

@@ -8,9 +8,10 @@ from graphrt.cli import main
 def test_bench_decode_writes_its_fields(tiny_tok_model, tmp_path):
     out = tmp_path / "decode.json"
     plot = tmp_path / "decode.png"
+    profile = tmp_path / "profile.txt"
     rc = main(["bench", "decode", "--model", tiny_tok_model, "--batch-sizes", "2", "--prompt-len", "8",
-               "--gen-len", "6", "--backend", "eager", "--json", str(out), "--plot", str(plot)])
-    assert rc == 0 and plot.stat().st_size > 0
+               "--gen-len", "6", "--backend", "eager", "--json", str(out), "--plot", str(plot), "--profile", str(profile)])
+    assert rc == 0 and plot.stat().st_size > 0 and "aten::" in profile.read_text()
     result = json.loads(out.read_text())
     assert {"machine", "bandwidth_gb_s", "rows", "capture"} <= set(result)
     row = result["rows"][0]

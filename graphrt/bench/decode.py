@@ -106,7 +106,8 @@ def load_transformers(model_path: str | None, dtype: torch.dtype):
 
 
 def bench_decode(model: str | None, dtype: str, batch_sizes: list[int], prompt_len: int, gen_len: int,
-                 graph_cache: str | None, with_transformers: bool = True, backend: str = "inductor") -> dict:
+                 graph_cache: str | None, with_transformers: bool = True, backend: str = "inductor",
+                 profile: str | None = None) -> dict:
     from graphrt.llm import LLM
     from graphrt.runner.graph_cache import CaptureSizes
 
@@ -121,6 +122,8 @@ def bench_decode(model: str | None, dtype: str, batch_sizes: list[int], prompt_l
     hf = load_transformers(model, compiled.engine.dtype) if with_transformers else None
     cfg = compiled.engine.loaded.config
     bandwidth = measure_bandwidth()
+    if profile:
+        write_profile(compiled, random_prompts(batch_sizes[0], prompt_len, cfg.vocab_size, seed=0), profile)
     rows = []
     for b in batch_sizes:
         prompts = random_prompts(b, prompt_len, cfg.vocab_size, seed=b)
@@ -142,6 +145,17 @@ def bench_decode(model: str | None, dtype: str, batch_sizes: list[int], prompt_l
         print_row(row)
     return {"machine": facts, "bandwidth_gb_s": bandwidth / 1e9, "prompt_len": prompt_len, "gen_len": gen_len,
             "rows": rows, "capture": [(r.key.name, r.how, round(r.seconds, 1)) for r in compiled.capture_report()]}
+
+
+def write_profile(llm, prompts: list[list[int]], path: str, gen_len: int = 32) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    run_graphrt(llm, prompts, 4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run_graphrt(llm, prompts, gen_len)
+    with open(path, "w") as f:
+        f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    print(f"wrote {path}")
 
 
 def print_row(row: dict) -> None:

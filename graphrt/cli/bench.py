@@ -30,6 +30,8 @@ def add_parser(sub) -> None:
         if name == "decode":
             k.add_argument("--plot", default=None, help="draw throughput against batch size into this PNG")
             k.add_argument("--no-transformers", action="store_true")
+            k.add_argument("--profile", default=None,
+                           help="write a torch.profiler table of graphrt's compiled decode at the first batch size")
         if name == "grammar":
             k.add_argument("--batch", type=int, default=4)
             k.add_argument("--no-compile", action="store_true")
@@ -41,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         from graphrt.bench.decode import bench_decode, plot
 
         result = bench_decode(args.model, args.dtype, args.batch_sizes, args.prompt_len, args.gen_len,
-                              args.graph_cache, not args.no_transformers, args.backend)
+                              args.graph_cache, not args.no_transformers, args.backend, args.profile)
         if args.plot:
             plot(result, args.plot)
     elif args.bench == "roofline":

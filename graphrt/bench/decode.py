@@ -78,7 +78,9 @@ def run_transformers(hf_model, prompts: list[list[int]], gen_len: int) -> dict:
     ids = torch.tensor(prompts)
     start = time.perf_counter()
     with torch.no_grad():
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_len, min_new_tokens=gen_len,
+        # eos_token_id=None: like graphrt's ignore_eos, EOS may be drawn and does not stop (min_new_tokens
+        # would forbid EOS instead, and change the greedy tokens wherever EOS is the argmax)
+        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_len, eos_token_id=None,
                                 do_sample=False, logits_processor=LogitsProcessorList([Stamp()]), pad_token_id=0)
     total = time.perf_counter() - start
     steps = [b - a for a, b in zip(stamps, stamps[1:])]

@@ -10,7 +10,7 @@ far are kept, so it finishes with the same tokens).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from graphrt.core.block_manager import BlockManager
 from graphrt.core.request import Request, RequestStatus

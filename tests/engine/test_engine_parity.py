@@ -2,7 +2,6 @@
 
 import pytest
 
-import graphrt
 from tests.helpers import make_llm
 from graphrt import SamplingParams
 from tests.oracle import hf_greedy, random_prompts

@@ -2,7 +2,6 @@
 
 import torch
 
-import graphrt
 from tests.helpers import make_llm
 from graphrt import SamplingParams
 from tests.oracle import hf_greedy, hf_model, random_prompts

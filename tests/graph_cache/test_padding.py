@@ -1,6 +1,5 @@
 """Padding to captured sizes: same tokens as eager at every batch size, real KV slots untouched."""
 
-import torch
 
 import graphrt
 from graphrt import SamplingParams

@@ -12,7 +12,7 @@ from tests.helpers import make_llm
 from graphrt.loader import CheckpointError, default_model_path, load_model
 from graphrt.models import UnsupportedModelError
 from tests.models.test_parity import prefill_logits
-from tests.oracle import hf_model, random_prompts
+from tests.oracle import random_prompts
 from tests.tiny_models import make_hf_model
 
 

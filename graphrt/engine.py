@@ -103,8 +103,11 @@ class LLMEngine:
         return self
 
     def open_graph_cache(self) -> None:
-        self.store = ArtifactStore(self.config.graph_cache, self.config.strict_graph_cache) \
-            if self.config.graph_cache and self.config.compile else None
+        self.store = (
+            ArtifactStore(self.config.graph_cache, self.config.strict_graph_cache)
+            if self.config.graph_cache and self.config.compile
+            else None
+        )
         self.model_key = model_key(self.loaded.config.to_dict(), self.dtype, self.step_module, self.block_size)
 
     def kv_budget(self) -> int | None:
@@ -113,8 +116,9 @@ class LLMEngine:
         if self.config.cache.kv_cache_memory is not None:
             return self.config.cache.kv_cache_memory
         if self.store is not None:
-            shipped = {e.get("kv_num_blocks") for e in self.store.entries()
-                       if e.get("key", {}).get("model") == self.model_key}
+            shipped = {
+                e.get("kv_num_blocks") for e in self.store.entries() if e.get("key", {}).get("model") == self.model_key
+            }
             if len(shipped) == 1:
                 return shipped.pop() * bytes_per_block(self.loaded.config, self.block_size, self.dtype)
         return None
@@ -154,7 +158,9 @@ class LLMEngine:
             ctx = max(n, 2)
             params = SamplingParams(max_tokens=1, temperature=1.0, top_k=5)
             req = Request(rid, [0] * ctx, params, seed=0)
-            new.append(NewRequestData(rid, tuple(req.prompt_token_ids), (), tuple(blocks.allocate(rid, ctx)), ctx - n, req))
+            new.append(
+                NewRequestData(rid, tuple(req.prompt_token_ids), (), tuple(blocks.allocate(rid, ctx)), ctx - n, req)
+            )
             scheduled[rid] = n
         before = peak_rss_bytes()
         runner.execute(SchedulerOutput(tuple(new), (), scheduled, frozenset()))
@@ -163,14 +169,9 @@ class LLMEngine:
 
     def initialize_kv_cache(self) -> KVCachePlan:
         cache = dataclasses.replace(self.config.cache, kv_cache_memory=self.kv_budget())
-        self.kv_plan = plan_kv_cache(self.loaded.config, cache, self.dtype, self.max_model_len,
-                                     self.activation_peak)
-        self.kv_caches = allocate_kv_caches(
-            self.loaded.config, self.kv_plan.num_blocks, self.block_size, self.dtype
-        )
-        self.blocks = BlockManager(
-            self.kv_plan.num_blocks, self.block_size, self.config.cache.enable_prefix_caching
-        )
+        self.kv_plan = plan_kv_cache(self.loaded.config, cache, self.dtype, self.max_model_len, self.activation_peak)
+        self.kv_caches = allocate_kv_caches(self.loaded.config, self.kv_plan.num_blocks, self.block_size, self.dtype)
+        self.blocks = BlockManager(self.kv_plan.num_blocks, self.block_size, self.config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.sched_config, self.blocks)
         self.runner = ModelRunner(
             self.step_module, self.kv_caches, self.graphs, self.sched_config.max_num_seqs, self.max_model_len
@@ -185,8 +186,9 @@ class LLMEngine:
         if not self.config.compile:
             return self.capture_report
         self.graphs.compiling = True
-        builder = GraphBuilder(self.step_module, self.kv_caches, self.passes, self.config.backend, self.store,
-                               self.model_key)
+        builder = GraphBuilder(
+            self.step_module, self.kv_caches, self.passes, self.config.backend, self.store, self.model_key
+        )
         for key in tqdm(self.graphs.keys(), desc="capture", unit="graph", disable=not self.config.progress):
             rss = current_rss_bytes()
             graph, how, seconds = builder.build(key, self.graphs.buffers(key))
@@ -204,9 +206,7 @@ class LLMEngine:
     def tokenize(self, prompt: str | list[int], chat: bool = False) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise InvalidRequestError(
-                    "this checkpoint has no tokenizer files: pass prompts as lists of token ids"
-                )
+                raise InvalidRequestError("this checkpoint has no tokenizer files: pass prompts as lists of token ids")
             ids = self.tokenizer.apply_chat_template(prompt) if chat else self.tokenizer.encode(prompt)
         else:
             ids = list(prompt)
@@ -266,8 +266,11 @@ class LLMEngine:
 
     def _fill_bitmask(self, req_ids: tuple[str, ...], samples) -> np.ndarray | None:
         """Each constrained row that samples this step gets its matcher's mask; others allow all."""
-        rows = [(r, self._tracked[rid]) for r, rid in enumerate(req_ids)
-                if samples[r] and self._tracked[rid].grammar is not None]
+        rows = [
+            (r, self._tracked[rid])
+            for r, rid in enumerate(req_ids)
+            if samples[r] and self._tracked[rid].grammar is not None
+        ]
         if not rows:
             return None
         words = -(-self.loaded.config.vocab_size // 32)

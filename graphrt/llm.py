@@ -40,8 +40,21 @@ class LLM:
     ) -> None:
         cache = CacheConfig(block_size, kv_cache_memory, kv_cache_fraction, enable_prefix_caching)
         config = EngineConfig(
-            model, dtype, max_num_seqs, max_num_batched_tokens, max_model_len, cache, seed, capture_sizes,
-            progress, compile, backend, tuple(passes_disabled), grammar_backend, graph_cache, strict_graph_cache,
+            model,
+            dtype,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len,
+            cache,
+            seed,
+            capture_sizes,
+            progress,
+            compile,
+            backend,
+            tuple(passes_disabled),
+            grammar_backend,
+            graph_cache,
+            strict_graph_cache,
         )
         self.engine = LLMEngine(config).start()
 

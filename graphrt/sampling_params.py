@@ -67,9 +67,7 @@ class SamplingParams:
         if self.json_object:
             constraints.append("json_object")
         if len(constraints) > 1:
-            raise InvalidRequestError(
-                f"at most one structured-output constraint per request, got {constraints}"
-            )
+            raise InvalidRequestError(f"at most one structured-output constraint per request, got {constraints}")
         if self.choice is not None and (not self.choice or any(not isinstance(c, str) or not c for c in self.choice)):
             raise bad("choice", "it must be a non-empty list of non-empty strings")
 

@@ -19,9 +19,15 @@ def hf_greedy(path: str, prompt: list[int], max_new_tokens: int, eos: bool = Fal
     ids = torch.tensor([prompt])
     kwargs = {} if eos else {"eos_token_id": None}
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=0, **kwargs)
-    gen = out[0, len(prompt):].tolist()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            **kwargs,
+        )
+    gen = out[0, len(prompt) :].tolist()
     if eos:  # generate pads after EOS; cut there (the EOS itself stays, as graphrt keeps it)
         eos_ids = model.generation_config.eos_token_id
         eos_ids = {eos_ids} if isinstance(eos_ids, int) else set(eos_ids)

@@ -9,8 +9,28 @@ def test_bench_decode_writes_its_fields(tiny_tok_model, tmp_path):
     out = tmp_path / "decode.json"
     plot = tmp_path / "decode.png"
     profile = tmp_path / "profile.txt"
-    rc = main(["bench", "decode", "--model", tiny_tok_model, "--batch-sizes", "2", "--prompt-len", "8",
-               "--gen-len", "6", "--backend", "eager", "--json", str(out), "--plot", str(plot), "--profile", str(profile)])
+    rc = main(
+        [
+            "bench",
+            "decode",
+            "--model",
+            tiny_tok_model,
+            "--batch-sizes",
+            "2",
+            "--prompt-len",
+            "8",
+            "--gen-len",
+            "6",
+            "--backend",
+            "eager",
+            "--json",
+            str(out),
+            "--plot",
+            str(plot),
+            "--profile",
+            str(profile),
+        ]
+    )
     assert rc == 0 and plot.stat().st_size > 0 and "aten::" in profile.read_text()
     result = json.loads(out.read_text())
     assert {"machine", "bandwidth_gb_s", "rows", "capture"} <= set(result)
@@ -25,5 +45,7 @@ def test_bench_decode_writes_its_fields(tiny_tok_model, tmp_path):
 
 def test_bench_grammar_reports_overhead(tiny_tok_model, tmp_path):
     out = tmp_path / "grammar.json"
-    assert main(["bench", "grammar", "--model", tiny_tok_model, "--batch", "2", "--no-compile", "--json", str(out)]) == 0
+    assert (
+        main(["bench", "grammar", "--model", tiny_tok_model, "--batch", "2", "--no-compile", "--json", str(out)]) == 0
+    )
     assert {"free_step_ms", "constrained_step_ms", "overhead_frac"} <= set(json.loads(out.read_text()))

@@ -9,8 +9,23 @@ def test_console_script_is_installed():
 
 
 def test_generate_prints_text_and_speed(tiny_tok_model, capsys):
-    rc = main(["generate", "--no-compile", "--model", tiny_tok_model, "--prompt", "Hello", "--prompt", "Bye",
-               "--max-tokens", "5", "--kv-cache-memory", "4000000", "--verbose"])
+    rc = main(
+        [
+            "generate",
+            "--no-compile",
+            "--model",
+            tiny_tok_model,
+            "--prompt",
+            "Hello",
+            "--prompt",
+            "Bye",
+            "--max-tokens",
+            "5",
+            "--kv-cache-memory",
+            "4000000",
+            "--verbose",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0
     assert "--- prompt 0: 'Hello'" in out and "--- prompt 1: 'Bye'" in out
@@ -18,9 +33,28 @@ def test_generate_prints_text_and_speed(tiny_tok_model, capsys):
 
 
 def test_generate_stream_and_chat(tiny_tok_model, capsys):
-    rc = main(["generate", "--no-compile", "--model", tiny_tok_model, "--prompt", "Hi", "--chat", "--stream",
-               "--max-tokens", "4", "--temperature", "0.8", "--top-p", "0.9", "--seed", "3",
-               "--kv-cache-memory", "4000000"])
+    rc = main(
+        [
+            "generate",
+            "--no-compile",
+            "--model",
+            tiny_tok_model,
+            "--prompt",
+            "Hi",
+            "--chat",
+            "--stream",
+            "--max-tokens",
+            "4",
+            "--temperature",
+            "0.8",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "3",
+            "--kv-cache-memory",
+            "4000000",
+        ]
+    )
     assert rc == 0
     assert "4 tokens" in capsys.readouterr().err
 
@@ -36,10 +70,40 @@ def test_generate_with_a_json_schema_file_and_choice(tiny_tok_model, tmp_path, c
 
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))
-    rc = main(["generate", "--no-compile", "--model", tiny_tok_model, "--prompt", "Answer:", "--max-tokens", "20",
-               "--kv-cache-memory", "4000000", "--json-schema", str(schema)])
+    rc = main(
+        [
+            "generate",
+            "--no-compile",
+            "--model",
+            tiny_tok_model,
+            "--prompt",
+            "Answer:",
+            "--max-tokens",
+            "20",
+            "--kv-cache-memory",
+            "4000000",
+            "--json-schema",
+            str(schema),
+        ]
+    )
     out = capsys.readouterr().out.strip().splitlines()[-1]
     assert rc == 0 and json.loads(out) in ({"ok": True}, {"ok": False})
-    rc = main(["generate", "--no-compile", "--model", tiny_tok_model, "--prompt", "Answer:", "--max-tokens", "5",
-               "--kv-cache-memory", "4000000", "--choice", "yes", "--choice", "no"])
+    rc = main(
+        [
+            "generate",
+            "--no-compile",
+            "--model",
+            tiny_tok_model,
+            "--prompt",
+            "Answer:",
+            "--max-tokens",
+            "5",
+            "--kv-cache-memory",
+            "4000000",
+            "--choice",
+            "yes",
+            "--choice",
+            "no",
+        ]
+    )
     assert rc == 0 and capsys.readouterr().out.strip().splitlines()[-1] in ("yes", "no")

@@ -31,8 +31,12 @@ TINY_CONFIGS = {
         dict(
             num_key_value_heads=2,
             rope_parameters=dict(
-                rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
-                high_freq_factor=4.0, original_max_position_embeddings=64,
+                rope_type="llama3",
+                rope_theta=10000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
             ),
         ),
     ),
@@ -74,8 +78,14 @@ def save_tiny_with_smollm2_tokenizer(root: str, name: str = "llama_gqa", seed: i
     tok = load_hf_tokenizer(os.path.dirname(gguf), os.path.basename(gguf)).hf
     cls_name, overrides = TINY_CONFIGS[name]
     cfg = getattr(transformers, cls_name)(
-        **{**COMMON, **overrides, "vocab_size": 49152, "bos_token_id": tok.bos_token_id,
-           "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+        **{
+            **COMMON,
+            **overrides,
+            "vocab_size": 49152,
+            "bos_token_id": tok.bos_token_id,
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+        }
     )
     torch.manual_seed(seed)
     transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)

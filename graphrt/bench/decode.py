@@ -80,8 +80,15 @@ def run_transformers(hf_model, prompts: list[list[int]], gen_len: int) -> dict:
     with torch.no_grad():
         # eos_token_id=None: like graphrt's ignore_eos, EOS may be drawn and does not stop (min_new_tokens
         # would forbid EOS instead, and change the greedy tokens wherever EOS is the argmax)
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_len, eos_token_id=None,
-                                do_sample=False, logits_processor=LogitsProcessorList([Stamp()]), pad_token_id=0)
+        out = hf_model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=gen_len,
+            eos_token_id=None,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([Stamp()]),
+            pad_token_id=0,
+        )
     total = time.perf_counter() - start
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
     ttft = stamps[0] - start
@@ -91,7 +98,7 @@ def run_transformers(hf_model, prompts: list[list[int]], gen_len: int) -> dict:
         "step_ms_p90": 1e3 * p90(steps),
         "ttft_s": ttft,
         "overhead_frac": float("nan"),
-        "tokens": out[:, ids.shape[1]:].tolist(),
+        "tokens": out[:, ids.shape[1] :].tolist(),
     }
 
 
@@ -102,23 +109,40 @@ def load_transformers(model_path: str | None, dtype: torch.dtype):
 
     path = model_path or default_model_path()
     if path.endswith(".gguf"):
-        return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                    dtype=dtype).eval()
+        return AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path), dtype=dtype
+        ).eval()
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
 
-def bench_decode(model: str | None, dtype: str, batch_sizes: list[int], prompt_len: int, gen_len: int,
-                 graph_cache: str | None, with_transformers: bool = True, backend: str = "inductor",
-                 profile: str | None = None) -> dict:
+def bench_decode(
+    model: str | None,
+    dtype: str,
+    batch_sizes: list[int],
+    prompt_len: int,
+    gen_len: int,
+    graph_cache: str | None,
+    with_transformers: bool = True,
+    backend: str = "inductor",
+    profile: str | None = None,
+) -> dict:
     from graphrt.llm import LLM
     from graphrt.runner.graph_cache import CaptureSizes
 
     facts = machine_facts(dtype)
     print_facts(facts)
     budget = max(batch_sizes) * prompt_len
-    common = dict(dtype=dtype, max_num_seqs=max(batch_sizes), max_num_batched_tokens=budget,
-                  max_model_len=prompt_len + gen_len + 16, kv_cache_memory=None, progress=True)
-    sizes = CaptureSizes(decode=tuple(sorted(set(batch_sizes))), mixed=tuple(sorted({b * prompt_len for b in batch_sizes})))
+    common = dict(
+        dtype=dtype,
+        max_num_seqs=max(batch_sizes),
+        max_num_batched_tokens=budget,
+        max_model_len=prompt_len + gen_len + 16,
+        kv_cache_memory=None,
+        progress=True,
+    )
+    sizes = CaptureSizes(
+        decode=tuple(sorted(set(batch_sizes))), mixed=tuple(sorted({b * prompt_len for b in batch_sizes}))
+    )
     compiled = LLM(model, capture_sizes=sizes, graph_cache=graph_cache, backend=backend, **common)
     eager = LLM(compiled.engine.loaded.model, compile=False, **common)
     hf = load_transformers(model, compiled.engine.dtype) if with_transformers else None
@@ -130,23 +154,33 @@ def bench_decode(model: str | None, dtype: str, batch_sizes: list[int], prompt_l
     for b in batch_sizes:
         prompts = random_prompts(b, prompt_len, cfg.vocab_size, seed=b)
         run_graphrt(compiled, prompts, 4)  # warm-up at this size
-        row = {"batch": b, "graphrt": run_graphrt(compiled, prompts, gen_len),
-               "graphrt_eager": run_graphrt(eager, prompts, gen_len)}
+        row = {
+            "batch": b,
+            "graphrt": run_graphrt(compiled, prompts, gen_len),
+            "graphrt_eager": run_graphrt(eager, prompts, gen_len),
+        }
         if hf is not None:
             run_transformers(hf, prompts, 4)
             row["transformers"] = run_transformers(hf, prompts, gen_len)
             row["ratio_vs_transformers"] = row["graphrt"]["decode_tok_s"] / row["transformers"]["decode_tok_s"]
             row["same_tokens_as_transformers"] = row["graphrt"]["tokens"] == row["transformers"]["tokens"]
-        step_bytes = decode_step_bytes(compiled.engine.loaded.model, cfg, b, prompt_len + gen_len // 2,
-                                       compiled.engine.dtype)
+        step_bytes = decode_step_bytes(
+            compiled.engine.loaded.model, cfg, b, prompt_len + gen_len // 2, compiled.engine.dtype
+        )
         row["roofline_tok_s"] = b * bandwidth / step_bytes
         row["roofline_frac"] = row["graphrt"]["decode_tok_s"] / row["roofline_tok_s"]
         for engine in ("graphrt", "graphrt_eager", "transformers"):
             row.get(engine, {}).pop("tokens", None)
         rows.append(row)
         print_row(row)
-    return {"machine": facts, "bandwidth_gb_s": bandwidth / 1e9, "prompt_len": prompt_len, "gen_len": gen_len,
-            "rows": rows, "capture": [(r.key.name, r.how, round(r.seconds, 1)) for r in compiled.capture_report()]}
+    return {
+        "machine": facts,
+        "bandwidth_gb_s": bandwidth / 1e9,
+        "prompt_len": prompt_len,
+        "gen_len": gen_len,
+        "rows": rows,
+        "capture": [(r.key.name, r.how, round(r.seconds, 1)) for r in compiled.capture_report()],
+    }
 
 
 def write_profile(llm, prompts: list[list[int]], path: str, gen_len: int = 32) -> None:
@@ -167,12 +201,16 @@ def print_row(row: dict) -> None:
         if r is None:
             continue
         extra = f"  overhead {100 * r['overhead_frac']:.1f}%" if name == "graphrt" else ""
-        print(f"batch {b:>3}  {name:<14} {r['decode_tok_s']:8.1f} tok/s  step {r['step_ms_median']:7.2f} ms "
-              f"(p90 {r['step_ms_p90']:7.2f})  ttft {r['ttft_s']:6.3f} s{extra}")
+        print(
+            f"batch {b:>3}  {name:<14} {r['decode_tok_s']:8.1f} tok/s  step {r['step_ms_median']:7.2f} ms "
+            f"(p90 {r['step_ms_p90']:7.2f})  ttft {r['ttft_s']:6.3f} s{extra}"
+        )
     if "ratio_vs_transformers" in row:
-        print(f"batch {b:>3}  graphrt/transformers {row['ratio_vs_transformers']:.2f}x, "
-              f"same tokens: {row['same_tokens_as_transformers']}, "
-              f"roofline {row['roofline_tok_s']:.1f} tok/s ({100 * row['roofline_frac']:.0f}% reached)")
+        print(
+            f"batch {b:>3}  graphrt/transformers {row['ratio_vs_transformers']:.2f}x, "
+            f"same tokens: {row['same_tokens_as_transformers']}, "
+            f"roofline {row['roofline_tok_s']:.1f} tok/s ({100 * row['roofline_frac']:.0f}% reached)"
+        )
 
 
 def plot(result: dict, path: str) -> None:

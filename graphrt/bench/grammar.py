@@ -36,11 +36,15 @@ def bench_grammar(llm, batch: int = 4, steps: int = 16, rounds: int = 3) -> dict
     result = {"batch": batch, "free_step_ms": 1e3 * median(base), "constrained_step_ms": 1e3 * median(gram)}
     result["overhead_frac"] = result["constrained_step_ms"] / result["free_step_ms"] - 1
     result.update(_pieces(llm, batch))
-    print(f"batch {batch}: unconstrained step {result['free_step_ms']:.2f} ms, constrained (JSON) step "
-          f"{result['constrained_step_ms']:.2f} ms: overhead {100 * result['overhead_frac']:.1f}%")
-    print(f"  the pieces: matcher fill {result['fill_ms']:.3f} ms a row; sample op {result['sample_ms']:.3f} ms "
-          f"without a bitmask, {result['sample_masked_ms']:.3f} ms with; the xgrammar CPU round trip "
-          f"{result['xgrammar_cpu_ms']:.3f} ms")
+    print(
+        f"batch {batch}: unconstrained step {result['free_step_ms']:.2f} ms, constrained (JSON) step "
+        f"{result['constrained_step_ms']:.2f} ms: overhead {100 * result['overhead_frac']:.1f}%"
+    )
+    print(
+        f"  the pieces: matcher fill {result['fill_ms']:.3f} ms a row; sample op {result['sample_ms']:.3f} ms "
+        f"without a bitmask, {result['sample_masked_ms']:.3f} ms with; the xgrammar CPU round trip "
+        f"{result['xgrammar_cpu_ms']:.3f} ms"
+    )
     return result
 
 
@@ -61,8 +65,15 @@ def _pieces(llm, batch: int, repeats: int = 50) -> dict:
     mask = torch.full((batch, (vocab + 31) // 32), -1, dtype=torch.int32)
     mask[:, : row.shape[0]] = 0
     mask[:, 0] = 0x7FFFFFFF
-    args = (logits, torch.zeros(batch), torch.zeros(batch, dtype=torch.long), torch.ones(batch), torch.zeros(batch),
-            torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long))
+    args = (
+        logits,
+        torch.zeros(batch),
+        torch.zeros(batch, dtype=torch.long),
+        torch.ones(batch),
+        torch.zeros(batch),
+        torch.zeros(batch, dtype=torch.long),
+        torch.zeros(batch, dtype=torch.long),
+    )
 
     def ms(fn) -> float:
         fn()

@@ -32,8 +32,9 @@ print(json.dumps({"ttft_s": ttft, "total_s": time.perf_counter() - t0, "compiles
 def _run(model: str | None, cache: str, dtype: str) -> dict:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="graphrt-inductor-")}
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", CHILD, model or "-", cache, dtype], capture_output=True,
-                         text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, model or "-", cache, dtype], capture_output=True, text=True, env=env
+    )
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise RuntimeError(f"start-up child failed:\n{out.stderr[-3000:]}")
@@ -46,12 +47,21 @@ def bench_startup(model: str | None, dtype: str, cache: str | None = None) -> di
     cache = cache or tempfile.mkdtemp(prefix="graphrt-graphs-")
     cold = _run(model, cache, dtype)  # empty graph cache, empty Inductor cache: compiles
     warm = _run(model, cache, dtype)  # the graph cache it wrote, a fresh empty Inductor cache
-    result = {"cold": cold, "warm": warm, "graph_cache": cache,
-              "ttft_ratio": warm["ttft_s"] / cold["ttft_s"], "total_ratio": warm["total_s"] / cold["total_s"]}
+    result = {
+        "cold": cold,
+        "warm": warm,
+        "graph_cache": cache,
+        "ttft_ratio": warm["ttft_s"] / cold["ttft_s"],
+        "total_ratio": warm["total_s"] / cold["total_s"],
+    }
     for name in ("cold", "warm"):
         r = result[name]
-        print(f"{name}: first token {r['ttft_s']:.2f} s, total {r['total_s']:.2f} s, process {r['process_s']:.2f} s, "
-              f"compiles {r['compiles']}, dynamo graphs {r['dynamo_graphs']}, graphs {r['how']}")
-    print(f"warm/cold: first token {100 * result['ttft_ratio']:.1f}%, total {100 * result['total_ratio']:.1f}%, "
-          f"same first token: {cold['token'] == warm['token']}")
+        print(
+            f"{name}: first token {r['ttft_s']:.2f} s, total {r['total_s']:.2f} s, process {r['process_s']:.2f} s, "
+            f"compiles {r['compiles']}, dynamo graphs {r['dynamo_graphs']}, graphs {r['how']}"
+        )
+    print(
+        f"warm/cold: first token {100 * result['ttft_ratio']:.1f}%, total {100 * result['total_ratio']:.1f}%, "
+        f"same first token: {cold['token'] == warm['token']}"
+    )
     return result

@@ -14,9 +14,12 @@ def _sizes(text: str) -> list[int]:
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks: decode, startup, roofline, grammar")
     kinds = p.add_subparsers(dest="bench", required=True)
-    for name, help_ in (("decode", "decode tokens/s against transformers"), ("startup", "cold vs warm start"),
-                        ("roofline", "bandwidth and the fraction of it decode reaches"),
-                        ("grammar", "constrained vs unconstrained step time")):
+    for name, help_ in (
+        ("decode", "decode tokens/s against transformers"),
+        ("startup", "cold vs warm start"),
+        ("roofline", "bandwidth and the fraction of it decode reaches"),
+        ("grammar", "constrained vs unconstrained step time"),
+    ):
         k = kinds.add_parser(name, help=help_)
         k.add_argument("--model", default=None)
         k.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -30,8 +33,11 @@ def add_parser(sub) -> None:
         if name == "decode":
             k.add_argument("--plot", default=None, help="draw throughput against batch size into this PNG")
             k.add_argument("--no-transformers", action="store_true")
-            k.add_argument("--profile", default=None,
-                           help="write a torch.profiler table of graphrt's compiled decode at the first batch size")
+            k.add_argument(
+                "--profile",
+                default=None,
+                help="write a torch.profiler table of graphrt's compiled decode at the first batch size",
+            )
         if name == "grammar":
             k.add_argument("--batch", type=int, default=4)
             k.add_argument("--no-compile", action="store_true")
@@ -42,15 +48,32 @@ def run(args: argparse.Namespace) -> int:
     if args.bench == "decode":
         from graphrt.bench.decode import bench_decode, plot
 
-        result = bench_decode(args.model, args.dtype, args.batch_sizes, args.prompt_len, args.gen_len,
-                              args.graph_cache, not args.no_transformers, args.backend, args.profile)
+        result = bench_decode(
+            args.model,
+            args.dtype,
+            args.batch_sizes,
+            args.prompt_len,
+            args.gen_len,
+            args.graph_cache,
+            not args.no_transformers,
+            args.backend,
+            args.profile,
+        )
         if args.plot:
             plot(result, args.plot)
     elif args.bench == "roofline":
         from graphrt.bench.decode import bench_decode
 
-        result = bench_decode(args.model, args.dtype, args.batch_sizes, args.prompt_len, args.gen_len,
-                              args.graph_cache, False, args.backend)
+        result = bench_decode(
+            args.model,
+            args.dtype,
+            args.batch_sizes,
+            args.prompt_len,
+            args.gen_len,
+            args.graph_cache,
+            False,
+            args.backend,
+        )
         print(f"bandwidth {result['bandwidth_gb_s']:.1f} GB/s (copy, read + write counted)")
     elif args.bench == "startup":
         from graphrt.bench.startup import bench_startup
@@ -63,9 +86,15 @@ def run(args: argparse.Namespace) -> int:
         from graphrt.runner.graph_cache import CaptureSizes
 
         print_facts(machine_facts(args.dtype))
-        llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.batch, max_num_batched_tokens=64,
-                  compile=not args.no_compile, graph_cache=args.graph_cache,
-                  capture_sizes=CaptureSizes(decode=(args.batch,), mixed=(64,)))
+        llm = LLM(
+            args.model,
+            dtype=args.dtype,
+            max_num_seqs=args.batch,
+            max_num_batched_tokens=64,
+            compile=not args.no_compile,
+            graph_cache=args.graph_cache,
+            capture_sizes=CaptureSizes(decode=(args.batch,), mixed=(64,)),
+        )
         result = bench_grammar(llm, args.batch)
     write_json(args.json, result)
     return 0

@@ -6,8 +6,11 @@ import argparse
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
-                   help="Hugging Face directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="Hugging Face directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--max-num-batched-tokens", type=int, default=128)
@@ -18,8 +21,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="inductor", choices=["inductor", "eager", "torchair"])
     p.add_argument("--passes-disabled", default="", help="comma-separated pass names to switch off")
     p.add_argument("--graph-cache", default=None, help="directory of precompiled graphs (graphrt precompile)")
-    p.add_argument("--strict-graph-cache", action="store_true",
-                   help="refuse a stale or tampered graph cache entry instead of rebuilding it")
+    p.add_argument(
+        "--strict-graph-cache",
+        action="store_true",
+        help="refuse a stale or tampered graph cache entry instead of rebuilding it",
+    )
 
 
 def llm_kwargs(args: argparse.Namespace) -> dict:

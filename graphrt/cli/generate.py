@@ -14,8 +14,12 @@ DEFAULT_PROMPT = "What is the capital of France?"
 def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text for prompts")
     add_model_args(p)
-    p.add_argument("--prompt", action="append", default=None,
-                   help=f"a prompt (repeatable); default: {DEFAULT_PROMPT!r} with the chat template")
+    p.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help=f"a prompt (repeatable); default: {DEFAULT_PROMPT!r} with the chat template",
+    )
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -42,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
     # One-shot generation needs two graphs: the prefill at the token budget and the decode of
     # this many prompts (each cold compile costs tens of seconds on a small CPU).
     if not args.graph_cache:  # a shipped graph cache brings its own sizes
-        kwargs["capture_sizes"] = CaptureSizes(decode=(min(kwargs["max_num_seqs"], len(prompts)),),
-                                               mixed=(kwargs["max_num_batched_tokens"],))
+        kwargs["capture_sizes"] = CaptureSizes(
+            decode=(min(kwargs["max_num_seqs"], len(prompts)),), mixed=(kwargs["max_num_batched_tokens"],)
+        )
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t0
@@ -51,9 +56,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json_schema:
         with open(args.json_schema) as f:
             schema = f.read()
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed if args.temperature > 0 else None,
-                            json_schema=schema, regex=args.regex, choice=args.choice)
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed if args.temperature > 0 else None,
+        json_schema=schema,
+        regex=args.regex,
+        choice=args.choice,
+    )
     t1 = time.perf_counter()
     if args.stream:
         counts = [0] * len(prompts)
@@ -73,12 +85,16 @@ def run(args: argparse.Namespace) -> int:
             print(out.text if llm.tokenizer is not None else out.token_ids)
         num_tokens = sum(len(o.token_ids) for o in outputs)
     gen_s = time.perf_counter() - t1
-    print(f"[graphrt] {num_tokens} tokens in {gen_s:.2f} s: {num_tokens / gen_s:.1f} tokens/s "
-          f"(start-up {start_s:.1f} s)", file=sys.stderr)
+    print(
+        f"[graphrt] {num_tokens} tokens in {gen_s:.2f} s: {num_tokens / gen_s:.1f} tokens/s (start-up {start_s:.1f} s)",
+        file=sys.stderr,
+    )
     if args.verbose:
         for rec in llm.capture_report():
-            print(f"[graphrt] graph {rec.key.name}: {rec.how} in {rec.seconds:.1f} s, "
-                  f"{rec.memory_bytes / 2**20:.1f} MiB", file=sys.stderr)
+            print(
+                f"[graphrt] graph {rec.key.name}: {rec.how} in {rec.seconds:.1f} s, {rec.memory_bytes / 2**20:.1f} MiB",
+                file=sys.stderr,
+            )
         for line in llm.pass_report():
             print(f"[graphrt] passes {line}", file=sys.stderr)
         print(f"[graphrt] stats: {llm.stats()}", file=sys.stderr)

@@ -20,10 +20,18 @@ def add_parser(sub) -> None:
     p = sub.add_parser("precompile", help="compile every graph into a graph cache directory")
     add_model_args(p)
     p.add_argument("--out", required=True, help="directory of the graph cache (created if needed)")
-    p.add_argument("--capture-sizes", type=parse_sizes, default=None,
-                   help="decode batch sizes to capture, e.g. 1,2,4,8 (default: powers of two)")
-    p.add_argument("--mixed-sizes", type=parse_sizes, default=None,
-                   help="prefill/mixed token sizes to capture, e.g. 64,128 (default: powers of two)")
+    p.add_argument(
+        "--capture-sizes",
+        type=parse_sizes,
+        default=None,
+        help="decode batch sizes to capture, e.g. 1,2,4,8 (default: powers of two)",
+    )
+    p.add_argument(
+        "--mixed-sizes",
+        type=parse_sizes,
+        default=None,
+        help="prefill/mixed token sizes to capture, e.g. 64,128 (default: powers of two)",
+    )
     p.set_defaults(func=run)
 
 
@@ -43,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(**kwargs)
     for rec in llm.capture_report():
         print(f"{rec.key.name}: {rec.how} in {rec.seconds:.1f} s", file=sys.stderr)
-    print(f"[graphrt] {len(llm.capture_report())} graphs in {args.out} "
-          f"({llm.stats()['compiles']} compiled) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    print(
+        f"[graphrt] {len(llm.capture_report())} graphs in {args.out} "
+        f"({llm.stats()['compiles']} compiled) in {time.perf_counter() - t0:.1f} s",
+        file=sys.stderr,
+    )
     return 0

@@ -63,14 +63,14 @@ def input_sources(step: torch.nn.Module, args: tuple, kv_caches, example_inputs:
     sources = []
     for t in example_inputs:
         if id(t) not in where:
-            raise CaptureError(f"graph input of shape {tuple(t.shape)} is neither a step input, a KV cache nor a weight")
+            raise CaptureError(
+                f"graph input of shape {tuple(t.shape)} is neither a step input, a KV cache nor a weight"
+            )
         sources.append(where[id(t)])
     return sources
 
 
-def capture(
-    step: torch.nn.Module, args: tuple, kv_caches, passes: PassManager, inner: str, name: str
-) -> CapturedGraph:
+def capture(step: torch.nn.Module, args: tuple, kv_caches, passes: PassManager, inner: str, name: str) -> CapturedGraph:
     backend = _Backend(passes, inner, name)
     compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=False)
     start = time.perf_counter()

@@ -35,8 +35,15 @@ class LoadedGraph:
 
 
 class GraphBuilder:
-    def __init__(self, step: torch.nn.Module, kv_caches, passes: PassManager, backend: str,
-                 store: ArtifactStore | None, model_key: dict) -> None:
+    def __init__(
+        self,
+        step: torch.nn.Module,
+        kv_caches,
+        passes: PassManager,
+        backend: str,
+        store: ArtifactStore | None,
+        model_key: dict,
+    ) -> None:
         self.step, self.kv_caches, self.passes, self.backend = step, kv_caches, passes, backend
         self.store = store if backend == "inductor" else None  # eager / torchair keep no artifacts
         self.model_key = model_key

@@ -162,14 +162,24 @@ class Scheduler:
             view = self._runner_view.get(rid)
             if view is None:
                 new_reqs.append(
-                    NewRequestData(rid, tuple(req.prompt_token_ids), tuple(req.output_token_ids),
-                                   tuple(table), req.num_computed_tokens, req)
+                    NewRequestData(
+                        rid,
+                        tuple(req.prompt_token_ids),
+                        tuple(req.output_token_ids),
+                        tuple(table),
+                        req.num_computed_tokens,
+                        req,
+                    )
                 )
                 self._runner_view[rid] = _RunnerView(len(table), req.num_tokens)
             else:
                 cached.append(
-                    CachedRequestData(rid, tuple(table[view.num_blocks :]), req.num_computed_tokens,
-                                      tuple(req.all_token_ids[view.num_tokens :]))
+                    CachedRequestData(
+                        rid,
+                        tuple(table[view.num_blocks :]),
+                        req.num_computed_tokens,
+                        tuple(req.all_token_ids[view.num_tokens :]),
+                    )
                 )
                 view.num_blocks, view.num_tokens = len(table), req.num_tokens
         out = SchedulerOutput(tuple(new_reqs), tuple(cached), scheduled, frozenset(self._finished_since_step))

@@ -61,8 +61,12 @@ def _attend_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, sc
         valid = torch.arange(max_len)[None, :] < seq_lens[idx].long()[:, None]  # [n, L]
         tok = torch.tensor([qsl[r] for r in decode_rows])
         res = F.scaled_dot_product_attention(
-            q[tok][:, :, None, :], keys, values, attn_mask=valid[:, None, None, :],
-            scale=scale, enable_gqa=enable_gqa,
+            q[tok][:, :, None, :],
+            keys,
+            values,
+            attn_mask=valid[:, None, None, :],
+            scale=scale,
+            enable_gqa=enable_gqa,
         )  # [n, H, 1, D]
         out[tok] = res[:, :, 0, :]
     for r in range(len(lens)):
@@ -74,11 +78,15 @@ def _attend_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, sc
         values = _gather(v_cache, block_tables[r], seq_len).transpose(0, 1)
         query = q[start:end].transpose(0, 1)  # [H, q_len, D]
         if q_len == seq_len:
-            res = F.scaled_dot_product_attention(query, keys, values, is_causal=True, scale=scale, enable_gqa=enable_gqa)
+            res = F.scaled_dot_product_attention(
+                query, keys, values, is_causal=True, scale=scale, enable_gqa=enable_gqa
+            )
         else:
             pos = torch.arange(seq_len - q_len, seq_len)
             mask = torch.arange(seq_len)[None, :] <= pos[:, None]
-            res = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+            res = F.scaled_dot_product_attention(
+                query, keys, values, attn_mask=mask, scale=scale, enable_gqa=enable_gqa
+            )
         out[start:end] = res.transpose(0, 1)
     return out
 

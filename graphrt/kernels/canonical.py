@@ -83,8 +83,12 @@ def attention_sdpa(q, k, v, k_cache, v_cache, slots, block_tables, seq_lens, que
         k, v, k_cache, v_cache, slots, block_tables, seq_lens, query_start_loc, token_req
     )
     out = torch.nn.functional.scaled_dot_product_attention(
-        q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2),
-        attn_mask=allowed[:, None, None, :], scale=scale, enable_gqa=True,
+        q[:, :, None, :],
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=allowed[:, None, None, :],
+        scale=scale,
+        enable_gqa=True,
     )  # [T, H, 1, D]
     return out.reshape(num_tokens, num_heads * head_dim)
 

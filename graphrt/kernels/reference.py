@@ -138,9 +138,7 @@ def apply_token_bitmask(
     return out
 
 
-def processed_probs(
-    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float
-) -> torch.Tensor:
+def processed_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
     """The distribution a random row draws from: temperature, then the top-k, top-p and min-p
     masks (each a set of kept tokens; at least the most likely token is kept), renormalised."""
     probs = torch.softmax(logits.double() / temperature, dim=-1)
@@ -162,7 +160,11 @@ def processed_probs(
 def inverse_cdf(probs: torch.Tensor, u: float) -> int:
     """The token whose cumulative-probability interval (in vocabulary order) holds u * total."""
     cdf = torch.cumsum(probs.double(), 0)
-    return int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype), right=True).clamp(max=probs.shape[0] - 1))
+    return int(
+        torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype), right=True).clamp(
+            max=probs.shape[0] - 1
+        )
+    )
 
 
 def sample(

@@ -23,9 +23,7 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 @torch.library.custom_op("graphrt::apply_token_bitmask", mutates_args=())
-def _apply_token_bitmask(
-    logits: torch.Tensor, bitmask: torch.Tensor, indices: Optional[torch.Tensor]
-) -> torch.Tensor:
+def _apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: Optional[torch.Tensor]) -> torch.Tensor:
     rows = indices.long() if indices is not None else torch.arange(bitmask.shape[0])
     allowed = unpack_bitmask(bitmask[rows], logits.shape[1])
     out = logits.clone()
@@ -147,8 +145,9 @@ def sample(
     under the unfiltered (but masked) distribution softmax(logits)."""
     checks.check_ndim("logits", logits, 2, "[rows, vocab]")
     checks.check_float("logits", logits)
-    _check_rows(logits.shape[0], temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                seeds=seeds, offsets=offsets)
+    _check_rows(
+        logits.shape[0], temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds, offsets=offsets
+    )
     for name, t in (("top_k", top_k), ("seeds", seeds), ("offsets", offsets)):
         checks.check_int(name, t)
     if bitmask is not None:
@@ -236,9 +235,7 @@ def rejection_sample(
     checks.check_dim("target_logits", target_logits, 1, k + 1, "max_drafts + 1")
     _check_rows(n, num_draft_tokens=num_draft_tokens, temperature=temperature, seeds=seeds, offsets=offsets)
     if bool((num_draft_tokens > k).any()) or bool((num_draft_tokens < 0).any()):
-        raise checks.KernelArgumentError(
-            f"num_draft_tokens {num_draft_tokens.tolist()} must lie in [0, {k}]"
-        )
+        raise checks.KernelArgumentError(f"num_draft_tokens {num_draft_tokens.tolist()} must lie in [0, {k}]")
     if draft_probs is not None:
         checks.check_ndim("draft_probs", draft_probs, 3, "[rows, max_drafts, vocab]")
         if draft_probs.shape != (n, k, target_logits.shape[2]):

@@ -66,8 +66,7 @@ class GGUFCheckpoint:
         arch = self.field("general.architecture")
         if arch not in SUPPORTED_GGUF_ARCHITECTURES:
             raise UnsupportedModelError(
-                f"GGUF architecture {arch!r} in {self.path} is not supported; "
-                f"supported: {SUPPORTED_GGUF_ARCHITECTURES}"
+                f"GGUF architecture {arch!r} in {self.path} is not supported; supported: {SUPPORTED_GGUF_ARCHITECTURES}"
             )
         names = {t.name for t in self.reader.tensors}
         if "rope_freqs.weight" in names:

@@ -39,8 +39,7 @@ class TensorSource:
             raise CheckpointError(f"cannot read tensor {name!r} from {self.file_of(name)}: {e}") from e
         if tuple(t.shape) != shape:
             raise CheckpointError(
-                f"tensor {name!r} in {self.file_of(name)} has shape {tuple(t.shape)}, "
-                f"but the config needs {shape}"
+                f"tensor {name!r} in {self.file_of(name)} has shape {tuple(t.shape)}, but the config needs {shape}"
             )
         return t
 

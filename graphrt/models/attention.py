@@ -28,6 +28,15 @@ class AttentionInputs:
 
 def attention(q, k, v, k_cache, v_cache, attn: AttentionInputs, scale: float) -> torch.Tensor:
     return canonical.attention(
-        q, k, v, k_cache, v_cache, attn.slot_mapping, attn.block_tables, attn.seq_lens,
-        attn.query_start_loc, attn.token_req, scale,
+        q,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        attn.slot_mapping,
+        attn.block_tables,
+        attn.seq_lens,
+        attn.query_start_loc,
+        attn.token_req,
+        scale,
     )

@@ -50,8 +50,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise UnsupportedModelError(
-                f"num_attention_heads={self.num_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_kv_heads}"
+                f"num_attention_heads={self.num_heads} is not a multiple of num_key_value_heads={self.num_kv_heads}"
             )
         if self.rope.type not in SUPPORTED_ROPE_TYPES:
             raise UnsupportedModelError(
@@ -72,18 +71,12 @@ class ModelConfig:
         archs = cfg.get("architectures") or []
         arch = archs[0] if archs else _arch_from_model_type(cfg.get("model_type"))
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise UnsupportedModelError(
-                f"architecture {arch!r} is not supported; supported: {SUPPORTED_ARCHITECTURES}"
-            )
+            raise UnsupportedModelError(f"architecture {arch!r} is not supported; supported: {SUPPORTED_ARCHITECTURES}")
         act = cfg.get("hidden_act", "silu")
         if act not in SUPPORTED_ACTIVATIONS:
-            raise UnsupportedModelError(
-                f"hidden_act {act!r} is not supported; supported: {SUPPORTED_ACTIVATIONS}"
-            )
+            raise UnsupportedModelError(f"hidden_act {act!r} is not supported; supported: {SUPPORTED_ACTIVATIONS}")
         if cfg.get("use_sliding_window"):
-            raise UnsupportedModelError(
-                "use_sliding_window=True is not supported; supported: use_sliding_window=False"
-            )
+            raise UnsupportedModelError("use_sliding_window=True is not supported; supported: use_sliding_window=False")
         num_heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
         head_dim = cfg.get("head_dim") or hidden // num_heads
@@ -136,9 +129,7 @@ def _parse_rope(cfg: dict[str, Any]) -> RopeConfig:
     theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise UnsupportedModelError(
-            f"rope type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
-        )
+        raise UnsupportedModelError(f"rope type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
     return RopeConfig(
         theta=float(theta),
         type=rope_type,
@@ -148,7 +139,5 @@ def _parse_rope(cfg: dict[str, Any]) -> RopeConfig:
         original_max_position_embeddings=int(
             params.get("original_max_position_embeddings", cfg.get("max_position_embeddings", 8192))
         ),
-        partial_rotary_factor=float(
-            params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-        ),
+        partial_rotary_factor=float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))),
     )

@@ -52,8 +52,17 @@ class FuseAttention(FusionPass):
         return isinstance(m["scale"], float)
 
     def rewrite(self, graph, m):
-        args = (m["q"], m["k"], m["v"], m["k_cache"], m["v_cache"], m["slots"], m["block_tables"],
-                m["seq_lens"], m["query_start_loc"], m["scale"])
+        args = (
+            m["q"],
+            m["k"],
+            m["v"],
+            m["k_cache"],
+            m["v_cache"],
+            m["slots"],
+            m["block_tables"],
+            m["seq_lens"],
+            m["query_start_loc"],
+            m["scale"],
+        )
         (attn,) = emit(graph, torch.ops.graphrt.paged_attention.default, args)
         return emit(graph, torch.flatten, (attn, 1))  # [T, H, D] → the pattern's [T, H * D]
-

@@ -27,7 +27,12 @@ from torch.fx import Node
 
 _META_ATTRS = ("shape", "device", "dtype")
 _META_OPS = {
-    operator.getitem, operator.mul, operator.add, operator.sub, operator.floordiv, operator.neg,
+    operator.getitem,
+    operator.mul,
+    operator.add,
+    operator.sub,
+    operator.floordiv,
+    operator.neg,
     operator.mod,
 }
 
@@ -123,9 +128,7 @@ class _Attempt:
         if isinstance(pa, Node):
             return self.node(pa, ta)
         if isinstance(pa, (tuple, list)):
-            return isinstance(ta, (tuple, list)) and len(pa) == len(ta) and all(
-                self.arg(x, y) for x, y in zip(pa, ta)
-            )
+            return isinstance(ta, (tuple, list)) and len(pa) == len(ta) and all(self.arg(x, y) for x, y in zip(pa, ta))
         if isinstance(pa, slice):
             return isinstance(ta, slice) and all(
                 self.arg(getattr(pa, f), getattr(ta, f)) for f in ("start", "stop", "step")
@@ -259,5 +262,3 @@ def replace_match(graph: fx.Graph, m: Match, new_outputs: list[Node]) -> None:
         old.replace_all_uses_with(new)
     for n in reversed(m.nodes):
         graph.erase_node(n)
-
-

@@ -28,15 +28,21 @@ class Entry:
 
 
 PIPELINE: tuple[Entry, ...] = (
-    Entry(FuseSlotMapping, "first: attention's pattern takes the slot mapping as an input, so the "
-          "step's one slot_mapping op must exist before the layers are fused"),
+    Entry(
+        FuseSlotMapping,
+        "first: attention's pattern takes the slot mapping as an input, so the "
+        "step's one slot_mapping op must exist before the layers are fused",
+    ),
     Entry(FuseAttention, "the core fusion: cache write + gather + softmax attention per layer"),
-    Entry(FuseSampling, "independent of the model body; after attention so the report reads in "
-          "step order"),
-    Entry(FuseAddRmsNorm, "pays only with a fused add-norm kernel (NPU); Inductor fuses the chain "
-          "itself, where the op would be slower", backends=("torchair", "eager")),
-    Entry(NoopElimination, "last: the fusion patterns are traced from source that spells these "
-          "casts and must see them"),
+    Entry(FuseSampling, "independent of the model body; after attention so the report reads in step order"),
+    Entry(
+        FuseAddRmsNorm,
+        "pays only with a fused add-norm kernel (NPU); Inductor fuses the chain itself, where the op would be slower",
+        backends=("torchair", "eager"),
+    ),
+    Entry(
+        NoopElimination, "last: the fusion patterns are traced from source that spells these casts and must see them"
+    ),
 )
 PASS_NAMES = tuple(e.pass_cls.name for e in PIPELINE)
 
@@ -50,8 +56,10 @@ class PassReport:
     def lines(self) -> list[str]:
         out = []
         for graph, passes in self.graphs.items():
-            parts = [f"{name}={r.matched}" + (f" (unmatched {r.unmatched})" if r.unmatched else "")
-                     for name, r in passes.items()]
+            parts = [
+                f"{name}={r.matched}" + (f" (unmatched {r.unmatched})" if r.unmatched else "")
+                for name, r in passes.items()
+            ]
             out.append(f"{graph}: " + ", ".join(parts))
         return out
 
@@ -67,7 +75,8 @@ class PassManager:
         self.backend = backend
         self.disabled = tuple(sorted(set(disabled)))
         self.passes: list[GraphPass] = [
-            e.pass_cls() for e in PIPELINE
+            e.pass_cls()
+            for e in PIPELINE
             if e.pass_cls.name not in self.disabled and (e.backends is None or backend in e.backends)
         ]
         self.report = PassReport()

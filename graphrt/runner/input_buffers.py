@@ -13,8 +13,20 @@ from graphrt.runner.graph_key import GraphKey
 from graphrt.runner.step_batch import StepBatch
 
 ARG_NAMES = (
-    "input_ids", "positions", "token_req", "block_tables", "seq_lens", "query_start_loc",
-    "logits_indices", "temperature", "top_k", "top_p", "min_p", "seeds", "offsets", "bitmask",
+    "input_ids",
+    "positions",
+    "token_req",
+    "block_tables",
+    "seq_lens",
+    "query_start_loc",
+    "logits_indices",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "seeds",
+    "offsets",
+    "bitmask",
 )
 
 

@@ -93,8 +93,9 @@ def plan_kv_cache(
             f"({per_block} bytes each), but one sequence of max_model_len={max_model_len} needs {need}; "
             f"raise kv_cache_memory to at least {(need + 1) * per_block} bytes or lower max_model_len"
         )
-    return KVCachePlan(usable + 1, cache.block_size, per_block, budget, usable * cache.block_size,
-                       usable * cache.block_size)
+    return KVCachePlan(
+        usable + 1, cache.block_size, per_block, budget, usable * cache.block_size, usable * cache.block_size
+    )
 
 
 def allocate_kv_caches(

@@ -47,10 +47,13 @@ def test_compiled_graphs_are_fused_and_exact(tiny_model, name):
     assert after["compiles"] == 2 and after["graph_misses"] == 0 and after["graph_hits"] > 0
     assert after["free_blocks"] == after["total_blocks"]
     # seeded sampling is the same in graph and eager mode
-    params = [SamplingParams(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=i, ignore_eos=True)
-              for i in range(len(prompts))]
-    assert [o.token_ids for o in compiled.generate(prompts, params)] == \
-           [o.token_ids for o in eager.generate(prompts, params)]
+    params = [
+        SamplingParams(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    assert [o.token_ids for o in compiled.generate(prompts, params)] == [
+        o.token_ids for o in eager.generate(prompts, params)
+    ]
     assert any("fuse_attention=" in line for line in compiled.pass_report())
 
 
@@ -71,8 +74,17 @@ def test_a_model_the_passes_cannot_fuse_still_runs_and_is_reported(tiny_model, m
 
     def other_spelling(q, k, v, k_cache, v_cache, attn, scale):
         # softmax in float64: a spelling the attention pattern does not claim
-        keys_vals = canonical._write_gather_mask(k, v, k_cache, v_cache, attn.slot_mapping, attn.block_tables,
-                                                 attn.seq_lens, attn.query_start_loc, attn.token_req)
+        keys_vals = canonical._write_gather_mask(
+            k,
+            v,
+            k_cache,
+            v_cache,
+            attn.slot_mapping,
+            attn.block_tables,
+            attn.seq_lens,
+            attn.query_start_loc,
+            attn.token_req,
+        )
         keys, values, allowed = keys_vals
         t, h, d = q.shape
         hkv = k_cache.shape[2]
@@ -94,7 +106,25 @@ def test_graphrt_compile_and_verbose_report(tiny_tok_model, capsys):
 
     llm = graphrt.compile(tiny_tok_model, backend="eager", progress=False, **OPTS)
     assert llm.stats()["compiles"] == 2 and len(llm.pass_report()) == 2
-    rc = main(["generate", "--model", tiny_tok_model, "--backend", "eager", "--prompt", "Hi", "--max-tokens", "3",
-               "--max-num-seqs", "1", "--max-num-batched-tokens", "16", "--kv-cache-memory", "4000000", "--verbose"])
+    rc = main(
+        [
+            "generate",
+            "--model",
+            tiny_tok_model,
+            "--backend",
+            "eager",
+            "--prompt",
+            "Hi",
+            "--max-tokens",
+            "3",
+            "--max-num-seqs",
+            "1",
+            "--max-num-batched-tokens",
+            "16",
+            "--kv-cache-memory",
+            "4000000",
+            "--verbose",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 0 and "passes main-" in err and "fuse_attention=2" in err and "compiled in" in err

@@ -2,11 +2,11 @@
 
 import pytest
 
-from tests.helpers import make_llm
 from graphrt import SamplingParams
 from graphrt.engine import EngineStepError
 from graphrt.runner.kv_cache import KVCacheTooSmallError
 from graphrt.sampling_params import InvalidRequestError
+from tests.helpers import make_llm
 from tests.oracle import hf_greedy, random_prompts
 
 

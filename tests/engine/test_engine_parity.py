@@ -2,8 +2,8 @@
 
 import pytest
 
-from tests.helpers import make_llm
 from graphrt import SamplingParams
+from tests.helpers import make_llm
 from tests.oracle import hf_greedy, random_prompts
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -33,8 +33,7 @@ def test_preemption_keeps_outputs_exact(tiny_model):
     path = tiny_model("qwen3")
     prompts = random_prompts([40, 45, 50, 55], seed=3)
     # 4 layers' worth of KV for ~ one full sequence: requests must be preempted and recomputed
-    llm = make_llm(path, max_num_seqs=4, max_model_len=128, block_size=8,
-                      kv_cache_memory=2 * 2 * 2 * 32 * 4 * 8 * 20)
+    llm = make_llm(path, max_num_seqs=4, max_model_len=128, block_size=8, kv_cache_memory=2 * 2 * 2 * 32 * 4 * 8 * 20)
     check_against_hf(path, llm, prompts, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
     assert llm.stats()["preemptions"] > 0
 
@@ -63,13 +62,16 @@ def seeded_llm(tiny_model):
 
 def test_seeded_sampling_is_reproducible_and_batch_invariant(seeded_llm):
     prompts = random_prompts([5, 20, 9, 14], seed=7)
-    params = [SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, top_k=50, seed=100 + i, ignore_eos=True)
-              for i in range(4)]
+    params = [
+        SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, top_k=50, seed=100 + i, ignore_eos=True)
+        for i in range(4)
+    ]
     together = [o.token_ids for o in seeded_llm.generate(prompts, params)]
     again = [o.token_ids for o in seeded_llm.generate(prompts, params)]
     alone = [seeded_llm.generate([p], sp)[0].token_ids for p, sp in zip(prompts, params)]
-    reordered = seeded_llm.generate(prompts[::-1] + random_prompts([30], seed=8),
-                                    params[::-1] + [SamplingParams(max_tokens=16, temperature=1.0)])
+    reordered = seeded_llm.generate(
+        prompts[::-1] + random_prompts([30], seed=8), params[::-1] + [SamplingParams(max_tokens=16, temperature=1.0)]
+    )
     assert together == again == alone == [o.token_ids for o in reordered[:4]][::-1]
     assert len({tuple(t) for t in together}) == 4  # they really sample
 

@@ -2,8 +2,8 @@
 
 import torch
 
-from tests.helpers import make_llm
 from graphrt import SamplingParams
+from tests.helpers import make_llm
 from tests.oracle import hf_greedy, hf_model, random_prompts
 
 
@@ -31,8 +31,9 @@ def test_stop_token_ids_and_max_tokens(tiny_model):
     full = hf_greedy(path, prompt, 20)
     stop_at = full[5]
     first = full.index(stop_at)
-    out = llm.generate([prompt], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True,
-                                                stop_token_ids=[stop_at]))[0]
+    out = llm.generate(
+        [prompt], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop_token_ids=[stop_at])
+    )[0]
     assert out.token_ids == full[: first + 1] and out.finish_reason == "stop"
     out = llm.generate([prompt], SamplingParams(max_tokens=7, temperature=0, ignore_eos=True))[0]
     assert out.token_ids == full[:7] and out.finish_reason == "length"
@@ -55,8 +56,16 @@ def test_stop_strings_match_transformers_and_are_cut_from_text(tiny_tok_model):
     out = llm.generate([prompt], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, stop=[stop]))[0]
     model = hf_model(tiny_tok_model)
     ids = torch.tensor([prompt])
-    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False,
-                         stop_strings=[stop], tokenizer=tok, eos_token_id=None, pad_token_id=0)[0, len(prompt):]
+    ref = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=30,
+        do_sample=False,
+        stop_strings=[stop],
+        tokenizer=tok,
+        eos_token_id=None,
+        pad_token_id=0,
+    )[0, len(prompt) :]
     assert out.token_ids == ref.tolist()
     assert out.finish_reason == "stop"
     assert stop not in out.text and text.startswith(out.text) and out.text == text[: text.index(stop)]

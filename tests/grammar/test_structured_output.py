@@ -34,10 +34,12 @@ def test_smollm2_json_schema_regex_and_choice(smollm2):
     prompt = "Describe a person as JSON with a name, an age, a favourite color and tags."
     outs = smollm2.generate(
         [prompt, prompt, "Pick a color.", "Give me a date."],
-        [SamplingParams(max_tokens=80, temperature=0, json_schema=PERSON),
-         SamplingParams(max_tokens=80, temperature=0.8, seed=3, json_schema=PERSON),
-         SamplingParams(max_tokens=10, temperature=0, choice=["red", "green", "blue"]),
-         SamplingParams(max_tokens=20, temperature=0, regex=r"\d{4}-\d{2}-\d{2}")],
+        [
+            SamplingParams(max_tokens=80, temperature=0, json_schema=PERSON),
+            SamplingParams(max_tokens=80, temperature=0.8, seed=3, json_schema=PERSON),
+            SamplingParams(max_tokens=10, temperature=0, choice=["red", "green", "blue"]),
+            SamplingParams(max_tokens=20, temperature=0, regex=r"\d{4}-\d{2}-\d{2}"),
+        ],
         chat=True,
     )
     for o in outs[:2]:
@@ -53,8 +55,11 @@ def schemas(n):
     colors = ["red", "green", "blue", "cyan"]
     out = []
     for i in range(n):
-        props = {f"f{i}": {"enum": colors[: 2 + i % 3]}, "ok": {"type": "boolean"},
-                 "items": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 1 + i % 3}}
+        props = {
+            f"f{i}": {"enum": colors[: 2 + i % 3]},
+            "ok": {"type": "boolean"},
+            "items": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 1 + i % 3},
+        }
         out.append({"type": "object", "properties": props, "required": list(props), "additionalProperties": False})
     return out
 
@@ -65,7 +70,9 @@ def test_sixteen_constrained_requests_mixed_with_free_ones(tiny_tok_model):
     llm = graphrt.LLM(tiny_tok_model, backend="eager", progress=False, **opts)
     prompts = [f"Request number {i}:" for i in range(24)]
     free = SamplingParams(max_tokens=12, temperature=0.7, seed=99, ignore_eos=True)
-    constrained = [SamplingParams(max_tokens=60, temperature=0.9, seed=i, json_schema=s) for i, s in enumerate(schemas(16))]
+    constrained = [
+        SamplingParams(max_tokens=60, temperature=0.9, seed=i, json_schema=s) for i, s in enumerate(schemas(16))
+    ]
     params = []
     for i in range(24):  # every third request is free, the others constrained, all in the same batches
         params.append(free if i % 3 == 2 else constrained.pop())
@@ -82,10 +89,18 @@ def test_sixteen_constrained_requests_mixed_with_free_ones(tiny_tok_model):
 
 def test_in_graph_path_equals_the_xgrammar_cpu_reference(tiny_tok_model):
     sizes = CaptureSizes(decode=(4,), mixed=(32,))
-    opts = dict(max_num_seqs=4, max_num_batched_tokens=32, kv_cache_memory=8_000_000, capture_sizes=sizes,
-                backend="eager", progress=False)
-    params = [SamplingParams(max_tokens=40, temperature=t, seed=s, json_schema=sch)
-              for (t, s), sch in zip([(0.0, 1), (0.8, 2), (1.2, 3), (0.5, 4)], schemas(4))]
+    opts = dict(
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        kv_cache_memory=8_000_000,
+        capture_sizes=sizes,
+        backend="eager",
+        progress=False,
+    )
+    params = [
+        SamplingParams(max_tokens=40, temperature=t, seed=s, json_schema=sch)
+        for (t, s), sch in zip([(0.0, 1), (0.8, 2), (1.2, 3), (0.5, 4)], schemas(4))
+    ]
     prompts = ["a", "b", "c", "d"]
     in_graph = graphrt.LLM(tiny_tok_model, **opts)
     reference = graphrt.LLM(tiny_tok_model, grammar_backend="xgrammar-cpu", **opts)
@@ -95,11 +110,14 @@ def test_in_graph_path_equals_the_xgrammar_cpu_reference(tiny_tok_model):
     assert any("xgrammar_bitmask_cpu" in c for c in counts)  # the reference really takes the round trip
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(json_schema='{"type": "object", "properties": 5}'), "invalid json_schema"),
-    (dict(regex="([a-z"), "invalid regex"),
-    (dict(grammar="root ::= undefined_rule"), "invalid grammar"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(json_schema='{"type": "object", "properties": 5}'), "invalid json_schema"),
+        (dict(regex="([a-z"), "invalid regex"),
+        (dict(grammar="root ::= undefined_rule"), "invalid grammar"),
+    ],
+)
 def test_invalid_grammars_are_rejected_and_the_engine_keeps_serving(tiny_tok_model, kwargs, match):
     llm = make_llm(tiny_tok_model, kv_cache_memory=8_000_000)
     engine = llm.engine

@@ -1,6 +1,5 @@
 """Padding to captured sizes: same tokens as eager at every batch size, real KV slots untouched."""
 
-
 import graphrt
 from graphrt import SamplingParams
 from graphrt.runner.graph_cache import CaptureSizes
@@ -18,8 +17,9 @@ def test_every_batch_size_matches_eager_and_misses_are_counted(tiny_model):
     eager = make_llm(path, **OPTS)
     for n in range(1, 7):  # 5 and 6 rows exceed every decode size: they pad into the mixed graph
         prompts = random_prompts([2 + i % 2 for i in range(n)], seed=30 + n)  # prefills fit 16 tokens
-        assert [o.token_ids for o in graph.generate(prompts, GREEDY)] == \
-               [o.token_ids for o in eager.generate(prompts, GREEDY)], f"{n} prompts"
+        assert [o.token_ids for o in graph.generate(prompts, GREEDY)] == [
+            o.token_ids for o in eager.generate(prompts, GREEDY)
+        ], f"{n} prompts"
     assert graph.stats()["graph_misses"] == 0
     long_prompt = random_prompts([30], seed=40)  # a 30-token prefill is bigger than every graph
     assert graph.generate(long_prompt, GREEDY)[0].token_ids == eager.generate(long_prompt, GREEDY)[0].token_ids

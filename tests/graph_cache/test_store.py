@@ -16,8 +16,13 @@ from graphrt.runner.graph_cache import CaptureSizes
 from tests.helpers import make_llm
 from tests.oracle import random_prompts
 
-OPTS = dict(max_num_seqs=2, max_num_batched_tokens=16, kv_cache_memory=2_000_000, progress=False,
-            capture_sizes=CaptureSizes(decode=(2,), mixed=()))  # one graph; prefills run eager
+OPTS = dict(
+    max_num_seqs=2,
+    max_num_batched_tokens=16,
+    kv_cache_memory=2_000_000,
+    progress=False,
+    capture_sizes=CaptureSizes(decode=(2,), mixed=()),
+)  # one graph; prefills run eager
 PROMPTS = random_prompts([4, 7], seed=50)
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 
@@ -37,8 +42,9 @@ RUN = textwrap.dedent("""
 
 
 def run_fresh(model, cache):
-    out = subprocess.run([sys.executable, "-c", RUN, model, cache, json.dumps(PROMPTS)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", RUN, model, cache, json.dumps(PROMPTS)], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -47,16 +53,45 @@ def shipped(tiny_model, tmp_path_factory):
     """A graph cache precompiled by `graphrt precompile` in its own process."""
     path = tiny_model("llama_gqa")
     out = str(tmp_path_factory.mktemp("shipped") / "graphs")
-    subprocess.run([sys.executable, "-m", "graphrt.cli", "precompile", "--model", path, "--out", out,
-                    "--max-num-seqs", "2", "--max-num-batched-tokens", "16", "--kv-cache-memory", "2000000",
-                    "--capture-sizes", "2", "--mixed-sizes", ""], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "graphrt.cli",
+            "precompile",
+            "--model",
+            path,
+            "--out",
+            out,
+            "--max-num-seqs",
+            "2",
+            "--max-num-batched-tokens",
+            "16",
+            "--kv-cache-memory",
+            "2000000",
+            "--capture-sizes",
+            "2",
+            "--mixed-sizes",
+            "",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return path, out
 
 
 def test_warm_start_from_a_copy_compiles_nothing_and_matches_cold(shipped, tmp_path):
     path, out = shipped
-    cold_counts = json.loads(subprocess.run([sys.executable, "-c", RUN, path, str(tmp_path / "empty"), json.dumps(PROMPTS)],
-                                            capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+    cold_counts = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", RUN, path, str(tmp_path / "empty"), json.dumps(PROMPTS)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     assert cold_counts["dynamo_graphs"] == 1 and cold_counts["stats"]["compiles"] == 1  # the counters do count
     copy = str(tmp_path / "elsewhere")
     shutil.copytree(out, copy)
@@ -71,7 +106,7 @@ def test_warm_start_from_a_copy_compiles_nothing_and_matches_cold(shipped, tmp_p
 def tamper(cache, how):
     manifest_path = os.path.join(cache, "manifest.json")
     manifest = json.load(open(manifest_path))
-    (eid, entry), = manifest["entries"].items()
+    ((eid, entry),) = manifest["entries"].items()
     artifact = os.path.join(cache, entry["file"])
     if how == "flip":
         data = bytearray(open(artifact, "rb").read())
@@ -107,7 +142,9 @@ def test_a_tampered_entry_is_rebuilt_and_outputs_stay_correct(shipped, tmp_path)
     assert [r.how for r in llm.capture_report()] == ["compiled"]
     assert any("SHA-256" in r for r in llm.engine.store.rejected)
     eager = make_llm(path, **{k: v for k, v in OPTS.items() if k != "capture_sizes"})
-    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == [o.token_ids for o in eager.generate(PROMPTS, GREEDY)]
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == [
+        o.token_ids for o in eager.generate(PROMPTS, GREEDY)
+    ]
     again = graphrt.LLM(path, graph_cache=cache, **OPTS)  # the rebuilt entry now loads
     assert [r.how for r in again.capture_report()] == ["loaded"]
 
@@ -116,7 +153,9 @@ def test_no_compile_or_trace_during_generate(tiny_model):
     from torch._dynamo.utils import counters
 
     start = counters["stats"]["unique_graphs"]
-    llm = graphrt.LLM(tiny_model("llama_gqa"), backend="eager", **{**OPTS, "capture_sizes": CaptureSizes((1, 2), (16,))})
+    llm = graphrt.LLM(
+        tiny_model("llama_gqa"), backend="eager", **{**OPTS, "capture_sizes": CaptureSizes((1, 2), (16,))}
+    )
     before = (counters["stats"]["unique_graphs"], llm.stats()["compiles"])
     assert before == (start + 3, 3)  # the counter sees captures: its silence below means something
     llm.generate(random_prompts([3, 12, 5], seed=51), GREEDY)

@@ -6,7 +6,9 @@ from graphrt import kernels
 from graphrt.kernels import reference
 from tests.kernels.paged_batch import make_batch
 
-rows_st = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)).map(lambda t: (t[0], min(t[0], t[1]))), min_size=1, max_size=4)
+rows_st = st.lists(
+    st.tuples(st.integers(1, 40), st.integers(1, 40)).map(lambda t: (t[0], min(t[0], t[1]))), min_size=1, max_size=4
+)
 
 
 def naive_slots(positions, token_req, block_tables, block_size):
@@ -27,8 +29,12 @@ def test_slot_mapping_matches_naive_loop(rows, block_size, pad):
 
 
 @settings(max_examples=30, deadline=None)
-@given(rows=rows_st, block_size=st.sampled_from([1, 4, 16]), pad=st.integers(0, 3),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+@given(
+    rows=rows_st,
+    block_size=st.sampled_from([1, 4, 16]),
+    pad=st.integers(0, 3),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+)
 def test_reshape_and_cache_writes_exactly_the_slots(rows, block_size, pad, dtype):
     b = make_batch(rows, block_size, 2, 2, 8, dtype=dtype, pad_tokens=pad)
     k_cache, v_cache = b.k_cache.clone(), b.v_cache.clone()

@@ -44,8 +44,13 @@ def naive_rotary(x, pos, inv_freq, is_neox):
 
 
 @settings(max_examples=15, deadline=None)
-@given(tokens=st.integers(1, 5), head_dim=st.sampled_from([8, 16]), partial=st.sampled_from([1.0, 0.5]),
-       is_neox=st.booleans(), dtype=dtypes)
+@given(
+    tokens=st.integers(1, 5),
+    head_dim=st.sampled_from([8, 16]),
+    partial=st.sampled_from([1.0, 0.5]),
+    is_neox=st.booleans(),
+    dtype=dtypes,
+)
 def test_rotary_matches_naive_loop(tokens, head_dim, partial, is_neox, dtype):
     rot = int(head_dim * partial)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, rot, 2).double() / rot))
@@ -67,5 +72,6 @@ def test_bad_arguments_name_the_argument():
     with pytest.raises(KernelArgumentError, match="residual"):
         kernels.fused_add_rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.randn(8), 1e-6)
     with pytest.raises(KernelArgumentError, match="rotary_dim"):
-        kernels.rotary_embedding(torch.zeros(1, dtype=torch.long), torch.randn(1, 2, 4), torch.randn(1, 2, 4),
-                                 torch.randn(8, 6))
+        kernels.rotary_embedding(
+            torch.zeros(1, dtype=torch.long), torch.randn(1, 2, 4), torch.randn(1, 2, 4), torch.randn(8, 6)
+        )

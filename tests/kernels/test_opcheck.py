@@ -10,16 +10,40 @@ from tests.kernels.paged_batch import make_batch
 def cases():
     b = make_batch([(9, 9), (6, 1), (12, 5)], 4, 4, 2, 8, pad_tokens=2)
     cache_args = (b.k, b.v, b.k_cache.clone(), b.v_cache.clone(), b.slots)
-    attn = (b.q, b.k, b.v, b.k_cache.clone(), b.v_cache.clone(), b.slots, b.block_tables, b.seq_lens,
-            b.query_start_loc, 0.35)
+    attn = (
+        b.q,
+        b.k,
+        b.v,
+        b.k_cache.clone(),
+        b.v_cache.clone(),
+        b.slots,
+        b.block_tables,
+        b.seq_lens,
+        b.query_start_loc,
+        0.35,
+    )
     x, w = torch.randn(3, 16), torch.randn(16)
     cos_sin = torch.randn(32, 8)
     n, vocab = 4, 40
-    samp = (torch.randn(n, vocab), torch.tensor([0.0, 0.7, 1.0, 1.5]), torch.tensor([0, 5, 0, 3]),
-            torch.tensor([1.0, 0.9, 0.5, 1.0]), torch.tensor([0.0, 0.0, 0.1, 0.0]),
-            torch.arange(n), torch.arange(n) * 3, torch.randint(-9, 9, (n, 2), dtype=torch.int32))
-    rej = (torch.randint(0, vocab, (n, 3)), torch.tensor([3, 1, 0, 2]), None, torch.randn(n, 4, vocab),
-           torch.tensor([0.0, 1.0, 0.5, 0.0]), torch.arange(n), torch.zeros(n, dtype=torch.long))
+    samp = (
+        torch.randn(n, vocab),
+        torch.tensor([0.0, 0.7, 1.0, 1.5]),
+        torch.tensor([0, 5, 0, 3]),
+        torch.tensor([1.0, 0.9, 0.5, 1.0]),
+        torch.tensor([0.0, 0.0, 0.1, 0.0]),
+        torch.arange(n),
+        torch.arange(n) * 3,
+        torch.randint(-9, 9, (n, 2), dtype=torch.int32),
+    )
+    rej = (
+        torch.randint(0, vocab, (n, 3)),
+        torch.tensor([3, 1, 0, 2]),
+        None,
+        torch.randn(n, 4, vocab),
+        torch.tensor([0.0, 1.0, 0.5, 0.0]),
+        torch.arange(n),
+        torch.zeros(n, dtype=torch.long),
+    )
     return {
         "slot_mapping": (b.positions, b.token_req, b.block_tables, 4),
         "reshape_and_cache": cache_args,
@@ -27,8 +51,11 @@ def cases():
         "rms_norm": (x, w, 1e-6),
         "fused_add_rms_norm": (x, torch.randn(3, 16), w, 1e-6),
         "rotary_embedding": (torch.tensor([0, 5, 31]), torch.randn(3, 4, 8), torch.randn(3, 2, 8), cos_sin, True),
-        "apply_token_bitmask": (torch.randn(n, vocab), torch.randint(-100, 100, (n, 2), dtype=torch.int32),
-                                torch.tensor([0, 2])),
+        "apply_token_bitmask": (
+            torch.randn(n, vocab),
+            torch.randint(-100, 100, (n, 2), dtype=torch.int32),
+            torch.tensor([0, 2]),
+        ),
         "sample": samp,
         "rejection_sample": rej,
     }

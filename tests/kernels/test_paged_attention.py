@@ -47,8 +47,9 @@ def test_paged_attention_matches_naive_loop(rows, block_size, heads, dtype, pad)
     n = b.query_start_loc[-1].item()
     torch.testing.assert_close(got[:n].double(), want[:n], atol=TOL[dtype], rtol=TOL[dtype])
     assert torch.all(got[n:] == 0), "padding rows must be zero"
-    ref = reference.paged_attention(b.q, None, None, b.k_cache, b.v_cache, None, b.block_tables, b.seq_lens,
-                                    b.query_start_loc, scale)
+    ref = reference.paged_attention(
+        b.q, None, None, b.k_cache, b.v_cache, None, b.block_tables, b.seq_lens, b.query_start_loc, scale
+    )
     torch.testing.assert_close(got.double(), ref.double(), atol=TOL[dtype], rtol=TOL[dtype])
 
 
@@ -57,8 +58,9 @@ def test_paged_attention_matches_naive_loop(rows, block_size, heads, dtype, pad)
 def test_fused_write_then_attend_equals_write_then_attend(rows, block_size, pad):
     b = make_batch(rows, block_size, 4, 2, 8, pad_tokens=pad)
     kc, vc = b.k_cache.clone(), b.v_cache.clone()
-    fused = kernels.paged_attention(b.q, kc, vc, b.block_tables, b.seq_lens, b.query_start_loc, 0.3,
-                                    k=b.k, v=b.v, slot_mapping=b.slots)
+    fused = kernels.paged_attention(
+        b.q, kc, vc, b.block_tables, b.seq_lens, b.query_start_loc, 0.3, k=b.k, v=b.v, slot_mapping=b.slots
+    )
     kernels.reshape_and_cache(b.k, b.v, b.k_cache, b.v_cache, b.slots)
     split = kernels.paged_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, 0.3)
     assert torch.equal(kc, b.k_cache) and torch.equal(vc, b.v_cache)
@@ -78,8 +80,9 @@ def test_paged_equals_sdpa_over_contiguous_sequences():
         start = b.query_start_loc[r].item()
         q = b.q[start : start + q_len].transpose(0, 1)
         mask = torch.ones(q_len, seq_len, dtype=torch.bool).tril(diagonal=seq_len - q_len)
-        want = F.scaled_dot_product_attention(q, keys.repeat_interleave(4, 0), vals.repeat_interleave(4, 0),
-                                              attn_mask=mask, scale=0.25)
+        want = F.scaled_dot_product_attention(
+            q, keys.repeat_interleave(4, 0), vals.repeat_interleave(4, 0), attn_mask=mask, scale=0.25
+        )
         torch.testing.assert_close(got[start : start + q_len], want.transpose(0, 1), atol=1e-5, rtol=1e-5)
 
 

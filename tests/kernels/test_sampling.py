@@ -29,8 +29,12 @@ def within_bound(counts: torch.Tensor, probs: torch.Tensor, n: int) -> None:
 
 
 @settings(max_examples=20, deadline=None)
-@given(rows=st.integers(1, 5), vocab=st.sampled_from([7, 32, 33, 100]), use_indices=st.booleans(),
-       seed=st.integers(0, 1000))
+@given(
+    rows=st.integers(1, 5),
+    vocab=st.sampled_from([7, 32, 33, 100]),
+    use_indices=st.booleans(),
+    seed=st.integers(0, 1000),
+)
 def test_bitmask_equals_xgrammar_and_naive_loop(rows, vocab, use_indices, seed):
     import xgrammar
 
@@ -43,8 +47,9 @@ def test_bitmask_equals_xgrammar_and_naive_loop(rows, vocab, use_indices, seed):
     want = logits.clone()
     # xgrammar's pure-torch kernel; its "cpu" C++ kernel was seen masking a set bit (vocab 7,
     # 3 rows: row 1, token 1), so it is not the oracle here.
-    xgrammar.apply_token_bitmask_inplace(want, bitmask, indices=None if indices is None else indices.tolist(),
-                                         backend="torch_native")
+    xgrammar.apply_token_bitmask_inplace(
+        want, bitmask, indices=None if indices is None else indices.tolist(), backend="torch_native"
+    )
     assert torch.equal(got, want)
     naive = logits.clone()
     for row in range(rows) if indices is None else indices.tolist():
@@ -109,8 +114,14 @@ def test_top_k_distribution_is_renormalised_softmax():
 def test_seeded_rows_are_batch_invariant(seed, neighbours, where):
     g = torch.Generator().manual_seed(seed % 1000)
     row = torch.randn(1, 300, generator=g)
-    mine = dict(temperature=torch.tensor([0.8]), top_k=torch.tensor([40]), top_p=torch.tensor([0.9]),
-                min_p=torch.tensor([0.0]), seeds=torch.tensor([seed]), offsets=torch.tensor([17]))
+    mine = dict(
+        temperature=torch.tensor([0.8]),
+        top_k=torch.tensor([40]),
+        top_p=torch.tensor([0.9]),
+        min_p=torch.tensor([0.0]),
+        seeds=torch.tensor([seed]),
+        offsets=torch.tensor([17]),
+    )
     alone, _ = kernels.sample(row, **mine)
     others = torch.randn(neighbours, 300, generator=g) * 3
     pos = where % (neighbours + 1)
@@ -135,8 +146,13 @@ def test_seeded_rows_are_batch_invariant(seed, neighbours, where):
 
 
 @settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 10**6), temperature=st.sampled_from([0.0, 0.7, 1.3]), top_k=st.sampled_from([0, 5]),
-       top_p=st.sampled_from([1.0, 0.7]), min_p=st.sampled_from([0.0, 0.1]))
+@given(
+    seed=st.integers(0, 10**6),
+    temperature=st.sampled_from([0.0, 0.7, 1.3]),
+    top_k=st.sampled_from([0, 5]),
+    top_p=st.sampled_from([1.0, 0.7]),
+    min_p=st.sampled_from([0.0, 0.1]),
+)
 def test_sample_equals_reference(seed, temperature, top_k, top_p, min_p):
     logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(seed))
     p = params(6, temperature, top_k, top_p, min_p, seed)
@@ -167,8 +183,13 @@ def greedy_logits(argmaxes: list[list[int]], vocab: int = 10) -> torch.Tensor:
 def rs(drafts, counts, logits, temperature=0.0, draft_probs=None, seed=0):
     n = len(drafts)
     return kernels.rejection_sample(
-        torch.tensor(drafts), torch.tensor(counts), logits, torch.full((n,), temperature),
-        torch.full((n,), seed, dtype=torch.long), torch.zeros(n, dtype=torch.long), draft_probs=draft_probs,
+        torch.tensor(drafts),
+        torch.tensor(counts),
+        logits,
+        torch.full((n,), temperature),
+        torch.full((n,), seed, dtype=torch.long),
+        torch.zeros(n, dtype=torch.long),
+        draft_probs=draft_probs,
     )
 
 
@@ -181,9 +202,15 @@ def test_greedy_rejection_exact_cases():
         [5, -1, -1, -1],  # empty draft: just the target token
         [9, 9, 9, -1],  # two drafts accepted + bonus at position 2
     ]
-    ref = reference.rejection_sample(torch.tensor([[1, 2, 3], [1, 7, 3], [0, 0, 0], [9, 9, 0]]),
-                                     torch.tensor([3, 3, 0, 2]), None, logits, torch.zeros(4),
-                                     torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long))
+    ref = reference.rejection_sample(
+        torch.tensor([[1, 2, 3], [1, 7, 3], [0, 0, 0], [9, 9, 0]]),
+        torch.tensor([3, 3, 0, 2]),
+        None,
+        logits,
+        torch.zeros(4),
+        torch.zeros(4, dtype=torch.long),
+        torch.zeros(4, dtype=torch.long),
+    )
     assert torch.equal(out, ref)
 
 
@@ -197,8 +224,15 @@ def test_random_rejection_emits_the_target_distribution(with_draft_probs):
     drafts = torch.multinomial(q.float(), n, replacement=True, generator=g)[:, None]
     logits = target.repeat(n, 2, 1)
     dp = q.float().repeat(n, 1, 1) if with_draft_probs else None
-    out = kernels.rejection_sample(drafts, torch.ones(n, dtype=torch.long), logits, torch.ones(n),
-                                   torch.arange(n), torch.zeros(n, dtype=torch.long), draft_probs=dp)
+    out = kernels.rejection_sample(
+        drafts,
+        torch.ones(n, dtype=torch.long),
+        logits,
+        torch.ones(n),
+        torch.arange(n),
+        torch.zeros(n, dtype=torch.long),
+        draft_probs=dp,
+    )
     first = out[:, 0]
     if with_draft_probs:
         within_bound(torch.bincount(first, minlength=vocab), p, n)
@@ -206,9 +240,15 @@ def test_random_rejection_emits_the_target_distribution(with_draft_probs):
         for d in range(vocab):
             sel = first[drafts[:, 0] == d]
             within_bound(torch.bincount(sel, minlength=vocab), p, sel.numel())
-    ref = reference.rejection_sample(drafts[:200], torch.ones(200, dtype=torch.long),
-                                     None if dp is None else dp[:200], logits[:200], torch.ones(200),
-                                     torch.arange(200), torch.zeros(200, dtype=torch.long))
+    ref = reference.rejection_sample(
+        drafts[:200],
+        torch.ones(200, dtype=torch.long),
+        None if dp is None else dp[:200],
+        logits[:200],
+        torch.ones(200),
+        torch.arange(200),
+        torch.zeros(200, dtype=torch.long),
+    )
     assert torch.equal(out[:200], ref)
 
 

@@ -8,9 +8,9 @@ import shutil
 import pytest
 import torch
 
-from tests.helpers import make_llm
 from graphrt.loader import CheckpointError, default_model_path, load_model
 from graphrt.models import UnsupportedModelError
+from tests.helpers import make_llm
 from tests.models.test_parity import prefill_logits
 from tests.oracle import random_prompts
 from tests.tiny_models import make_hf_model
@@ -153,8 +153,10 @@ def test_smollm2_gguf_matches_transformers_gguf():
     path = default_model_path()
     lm = load_model(path)
     assert lm.config.num_layers == 30 and lm.config.num_kv_heads == 3 and lm.config.tie_word_embeddings
-    ref = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                               dtype=torch.float32).eval()
+    ref = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    ).eval()
     ids = torch.tensor(lm.tokenizer.encode("The quick brown fox jumps over the lazy dog. The capital of France is"))
-    torch.testing.assert_close(prefill_logits(lm.model, lm.config, ids, block_size=16), hf_logits(ref, ids),
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        prefill_logits(lm.model, lm.config, ids, block_size=16), hf_logits(ref, ids), atol=1e-4, rtol=0
+    )

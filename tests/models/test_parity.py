@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import graphrt
-from tests.helpers import make_llm
 from graphrt.loader import load_model
 from graphrt.models.attention import AttentionInputs, compute_slot_mapping
+from tests.helpers import make_llm
 from tests.oracle import hf_greedy, hf_model, random_prompts
 from tests.tiny_models import TINY_CONFIGS
 
@@ -19,7 +19,9 @@ def prefill_logits(model, cfg, ids: torch.Tensor, block_size: int = 4) -> torch.
     caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
     bt = torch.arange(1, nb)[None]
     pos, req = torch.arange(t), torch.zeros(t, dtype=torch.long)
-    attn = AttentionInputs(bt, torch.tensor([t]), torch.tensor([0, t]), req, compute_slot_mapping(pos, req, bt, block_size))
+    attn = AttentionInputs(
+        bt, torch.tensor([t]), torch.tensor([0, t]), req, compute_slot_mapping(pos, req, bt, block_size)
+    )
     with torch.no_grad():
         return model.compute_logits(model(ids, pos, caches, attn), torch.arange(t))
 

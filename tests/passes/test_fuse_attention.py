@@ -71,9 +71,13 @@ def tiled_heads(q, k, v, kc, vc, slots, bt, sl, qsl, tr):
     last = sl[tr] - (qsl[tr + 1] - torch.arange(t))
     allowed = torch.arange(keys.shape[1])[None, :] <= last[:, None]
     g = h // kc.shape[2]
-    out = F.scaled_dot_product_attention(q[:, :, None, :], keys.transpose(1, 2).repeat(1, g, 1, 1),
-                                         values.transpose(1, 2).repeat(1, g, 1, 1),
-                                         attn_mask=allowed[:, None, None, :], scale=0.3)
+    out = F.scaled_dot_product_attention(
+        q[:, :, None, :],
+        keys.transpose(1, 2).repeat(1, g, 1, 1),
+        values.transpose(1, 2).repeat(1, g, 1, 1),
+        attn_mask=allowed[:, None, None, :],
+        scale=0.3,
+    )
     return out.reshape(t, -1) * 1
 
 
@@ -83,8 +87,14 @@ def shifted_mask(q, k, v, kc, vc, slots, bt, sl, qsl, tr):
     t = q.shape[0]
     last = sl[tr] - (qsl[tr + 1] - torch.arange(t)) + 1
     allowed = torch.arange(keys.shape[1])[None, :] <= last[:, None]
-    out = F.scaled_dot_product_attention(q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2),
-                                         attn_mask=allowed[:, None, None, :], scale=0.3, enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        q[:, :, None, :],
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=allowed[:, None, None, :],
+        scale=0.3,
+        enable_gqa=True,
+    )
     return out.reshape(t, -1) * 1
 
 

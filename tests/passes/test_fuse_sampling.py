@@ -14,9 +14,14 @@ def inputs():
     hidden, weight = torch.randn(N, H, generator=g), torch.randn(V, H, generator=g)
     bitmask = torch.full((N, 3), -1, dtype=torch.int32)
     bitmask[2] = torch.tensor([0b110, 0, 0], dtype=torch.int32)  # row 2 may only draw tokens 1 and 2
-    params = (torch.tensor([0.0, 0.8, 1.0, 1.3, 0.0]), torch.tensor([0, 5, 0, 0, 0]),
-              torch.tensor([1.0, 1.0, 0.9, 1.0, 1.0]), torch.tensor([0.0, 0.0, 0.0, 0.1, 0.0]),
-              torch.arange(N) + 7, torch.arange(N) * 11)
+    params = (
+        torch.tensor([0.0, 0.8, 1.0, 1.3, 0.0]),
+        torch.tensor([0, 5, 0, 0, 0]),
+        torch.tensor([1.0, 1.0, 0.9, 1.0, 1.0]),
+        torch.tensor([0.0, 0.0, 0.0, 0.1, 0.0]),
+        torch.arange(N) + 7,
+        torch.arange(N) * 11,
+    )
     return hidden, weight, bitmask, params
 
 

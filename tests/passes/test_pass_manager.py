@@ -10,8 +10,10 @@ UUID_CMD = "from graphrt.passes import PassManager; print(PassManager('inductor'
 
 
 def test_uuid_is_stable_across_processes():
-    out = {subprocess.run([sys.executable, "-c", UUID_CMD], capture_output=True, text=True, check=True).stdout.strip()
-           for _ in range(2)}
+    out = {
+        subprocess.run([sys.executable, "-c", UUID_CMD], capture_output=True, text=True, check=True).stdout.strip()
+        for _ in range(2)
+    }
     assert out == {PassManager("inductor").uuid()}
 
 

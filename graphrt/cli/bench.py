@@ -45,9 +45,10 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.bench == "decode":
+    if args.bench in ("decode", "roofline"):
         from graphrt.bench.decode import bench_decode, plot
 
+        roofline_only = args.bench == "roofline"  # the same run, without transformers
         result = bench_decode(
             args.model,
             args.dtype,
@@ -55,26 +56,14 @@ def run(args: argparse.Namespace) -> int:
             args.prompt_len,
             args.gen_len,
             args.graph_cache,
-            not args.no_transformers,
-            args.backend,
-            args.profile,
+            with_transformers=not roofline_only and not args.no_transformers,
+            backend=args.backend,
+            profile=None if roofline_only else args.profile,
         )
-        if args.plot:
+        if not roofline_only and args.plot:
             plot(result, args.plot)
-    elif args.bench == "roofline":
-        from graphrt.bench.decode import bench_decode
-
-        result = bench_decode(
-            args.model,
-            args.dtype,
-            args.batch_sizes,
-            args.prompt_len,
-            args.gen_len,
-            args.graph_cache,
-            False,
-            args.backend,
-        )
-        print(f"bandwidth {result['bandwidth_gb_s']:.1f} GB/s (copy, read + write counted)")
+        if roofline_only:
+            print(f"bandwidth {result['bandwidth_gb_s']:.1f} GB/s (copy, read + write counted)")
     elif args.bench == "startup":
         from graphrt.bench.startup import bench_startup
 

@@ -108,7 +108,12 @@ class LLMEngine:
             if self.config.graph_cache and self.config.compile
             else None
         )
-        self.model_key = model_key(self.loaded.config.to_dict(), self.dtype, self.step_module, self.block_size)
+        # the weights fingerprint only keys the graph cache: not computed without one
+        self.model_key = (
+            model_key(self.loaded.config.to_dict(), self.dtype, self.step_module, self.block_size)
+            if self.store is not None
+            else None
+        )
 
     def kv_budget(self) -> int | None:
         """The KV cache's bytes when they are fixed: given, or those the shipped graphs were built

@@ -85,14 +85,15 @@ class LLM:
             per_prompt = [params] * len(prompts)
         # Validate everything before queueing anything: a bad prompt rejects the whole call and
         # leaves the engine serving whatever else it runs.
+        token_ids = []
         for i, (p, sp) in enumerate(zip(prompts, per_prompt)):
             try:
-                self.engine.tokenize(p, chat)
+                token_ids.append(self.engine.tokenize(p, chat))
                 if isinstance(sp, dict):
                     SamplingParams.from_dict(sp)
             except InvalidRequestError as e:
                 raise InvalidRequestError(f"prompt {i}: {e}") from None
-        return [self.engine.add_request(p, sp, chat) for p, sp in zip(prompts, per_prompt)]
+        return [self.engine.add_request(ids, sp) for ids, sp in zip(token_ids, per_prompt)]
 
     def generate(
         self,

@@ -36,7 +36,6 @@ def test_compiled_graphs_are_fused_and_exact(tiny_model, name):
         assert counts["graphrt.paged_attention.default"] == layers, graph
         assert counts["graphrt.slot_mapping.default"] == 1, graph
         assert counts["graphrt.sample.default"] == 1, graph
-        assert counts["<built-in method softmax of type object at"] == 0
         assert not any("softmax" in t or "einsum" in t or "index_copy" in t for t in counts), graph
     prompts = random_prompts([3, 25, 9, 40, 14], seed=20)  # 40 > 32: a chunked prefill too
     eager = make_llm(path, **OPTS)

@@ -243,7 +243,11 @@ class LLMEngine:
             raise InvalidRequestError(f"sampling params must be SamplingParams or a dict, got {type(params).__name__}")
         ids = self.tokenize(prompt, chat)
         self.validate_params(params)
-        grammar = self._grammar_for(params) if params.has_constraint else None
+        grammar = (
+            RequestGrammar(self._compiled_grammar(params), self.loaded.config.vocab_size)
+            if params.has_constraint
+            else None
+        )
         rid = str(next(self._ids))
         seed = params.seed if params.seed is not None else self._rng.randrange(1 << 62)
         req = Request(rid, ids, params, seed, self.loaded.eos_token_ids)
@@ -260,14 +264,15 @@ class LLMEngine:
             raise InvalidRequestError(f"stop_token_ids {bad} are outside the vocabulary [0, {vocab})")
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer; this checkpoint has none")
+        if params.has_constraint:
+            self._compiled_grammar(params)  # an invalid grammar is rejected with xgrammar's message
 
-    def _grammar_for(self, params: SamplingParams) -> RequestGrammar:
+    def _compiled_grammar(self, params: SamplingParams):
         if self.tokenizer is None:
             raise InvalidRequestError("structured output needs a tokenizer; this checkpoint has none")
         if self.grammar_compiler is None:
             self.grammar_compiler = GrammarCompiler(self.tokenizer.hf, self.loaded.config.vocab_size)
-        compiled = self.grammar_compiler.compile(params)
-        return RequestGrammar(compiled, self.loaded.config.vocab_size)
+        return self.grammar_compiler.compile(params)
 
     def _fill_bitmask(self, req_ids: tuple[str, ...], samples) -> np.ndarray | None:
         """Each constrained row that samples this step gets its matcher's mask; others allow all."""

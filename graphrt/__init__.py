@@ -19,7 +19,7 @@ def __getattr__(name: str):
 
         return SamplingParams
     if name == "compile":
-        from graphrt.compiler import compile
+        from graphrt.llm import compile
 
         return compile
     raise AttributeError(f"module 'graphrt' has no attribute {name!r}")

@@ -143,3 +143,14 @@ class LLM:
                 if out.finished:
                     pending.discard(rid)
                     self.engine.release(rid)
+
+
+def compile(model: Any = None, *, backend: str = "inductor", passes_disabled=(), **llm_kwargs) -> LLM:
+    """Compile ``model`` (a graphrt model, a Hugging Face directory, a .gguf path, an in-memory
+    transformers model, or None for the embedded default) into a runtime with one captured graph
+    per graph key; returns the ``graphrt.LLM`` that serves it.
+
+        llm = graphrt.compile("path/to/model")            # same as graphrt.LLM(..., compile=True)
+        llm.pass_report()                                 # what each pass matched in which graph
+    """
+    return LLM(model, compile=True, backend=backend, passes_disabled=passes_disabled, **llm_kwargs)

@@ -9,6 +9,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def test_ruff_is_clean():
     out = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "graphrt", "tests"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "ruff", "check", "graphrt", "kernels", "passes", "tests"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0, out.stdout + out.stderr

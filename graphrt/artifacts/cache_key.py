@@ -7,24 +7,12 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import pathlib
 import platform
 import subprocess
 
 import torch
 
-import graphrt
-from graphrt.version import __version__
-
-
-@functools.lru_cache(maxsize=1)
-def graphrt_source_hash() -> str:
-    root = pathlib.Path(graphrt.__file__).parent
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
+from graphrt.version import __version__, source_hash
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,7 +49,7 @@ def _installed_version(dist: str) -> str | None:
 def environment() -> dict:
     return {
         "graphrt": __version__,
-        "graphrt_source": graphrt_source_hash(),
+        "graphrt_source": source_hash(),
         "torch": torch.__version__,
         "torch_npu": _installed_version("torch-npu"),  # looked up, never imported
         "cann": os.environ.get("ASCEND_TOOLKIT_VERSION"),

@@ -159,3 +159,18 @@ def test_no_compile_or_trace_during_generate(tiny_model):
     assert before == (start + 3, 3)  # the counter sees captures: its silence below means something
     llm.generate(random_prompts([3, 12, 5], seed=51), GREEDY)
     assert (counters["stats"]["unique_graphs"], llm.stats()["compiles"]) == before
+
+
+def test_another_source_hash_rebuilds_and_the_same_loads(shipped, tmp_path, monkeypatch):
+    """The entry key carries the source hash over graphrt/, kernels/ and passes/ (an edited pass
+    changes it: tests/test_packaging.py); a package built from other source is not loaded."""
+    from graphrt.artifacts import cache_key
+
+    path, out = shipped
+    cache = str(tmp_path / "cache")
+    shutil.copytree(out, cache)
+    same = graphrt.LLM(path, graph_cache=cache, **OPTS)
+    assert [r.how for r in same.capture_report()] == ["loaded"]
+    monkeypatch.setattr(cache_key, "source_hash", lambda: "0" * 64)
+    edited = graphrt.LLM(path, graph_cache=cache, **OPTS)
+    assert [r.how for r in edited.capture_report()] == ["compiled"]

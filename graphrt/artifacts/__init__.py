@@ -1,0 +1,1 @@
+"""The on-disk graph cache: entry keys, the manifest, SHA-256 checks and atomic writes."""

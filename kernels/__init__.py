@@ -2,18 +2,25 @@
 
 Importing this package registers every op. Each op has a pure-torch reference
 (``reference.py``), a fake implementation (graphs trace anywhere), a CPU implementation and an
-entry in the NPU lowering table (``npu.py``). The wrappers below check their arguments; graph
-passes call ``torch.ops.graphrt.*`` directly. Kernels import nothing else from graphrt.
+entry in the NPU lowering table (``npu.py``). ``linear`` and ``paged_attention`` also have native
+CPU kernels (``native/``, built on first use by ``native_library.py``), which take over on CPU
+tensors when the library loads. The wrappers below check their arguments; graph passes call
+``torch.ops.graphrt.*`` directly. Kernels import nothing else from graphrt.
 """
 
 from graphrt.kernels.attention import paged_attention
 from graphrt.kernels.cache import reshape_and_cache, slot_mapping
 from graphrt.kernels.checks import KernelArgumentError
+from graphrt.kernels.linear import linear
+from graphrt.kernels.native_library import load as _load_native
 from graphrt.kernels.norm import fused_add_rms_norm, rms_norm
 from graphrt.kernels.rotary import rotary_embedding
 from graphrt.kernels.sampling import apply_token_bitmask, rejection_sample, sample
 
+NATIVE_ISA = _load_native()  # the instruction set of the native CPU kernels; None: the torch bodies
+
 OPS = (
+    "linear",
     "slot_mapping",
     "reshape_and_cache",
     "paged_attention",
@@ -28,8 +35,10 @@ OPS = (
 __all__ = [
     "OPS",
     "KernelArgumentError",
+    "NATIVE_ISA",
     "apply_token_bitmask",
     "fused_add_rms_norm",
+    "linear",
     "paged_attention",
     "rejection_sample",
     "reshape_and_cache",

@@ -13,9 +13,14 @@ import torch.nn.functional as F
 from graphrt.kernels import checks
 from graphrt.kernels.cache import check_kv_write, write_kv
 
+_lib = torch.library.Library("graphrt", "FRAGMENT")
+_lib.define(
+    "paged_attention(Tensor q, Tensor? k, Tensor? v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? slot_mapping, "
+    "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> Tensor"
+)
 
-@torch.library.custom_op("graphrt::paged_attention", mutates_args=("k_cache", "v_cache"))
-def _paged_attention(
+
+def paged_attention_torch(
     q: torch.Tensor,
     k: Optional[torch.Tensor],
     v: Optional[torch.Tensor],
@@ -27,12 +32,18 @@ def _paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
+    """The portable body, on any device: torch ops, decode rows batched, a loop over the others.
+    On the CPU the native kernel (``native/paged_attention.h``) replaces it: one call over every
+    row with no Python, each KV row read once per query-head group."""
     if k is not None:
         write_kv(k, v, k_cache, v_cache, slot_mapping)
-    return _attend_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    return _attend_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
 
 
-@_paged_attention.register_fake
+_lib.impl("paged_attention", paged_attention_torch, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("graphrt::paged_attention")
 def _(q, k, v, k_cache, v_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale):
     return torch.empty_like(q)
 
@@ -46,7 +57,7 @@ def _gather(cache: torch.Tensor, block_row: torch.Tensor, length: int) -> torch.
     return rows[..., :length, :, :]
 
 
-def _attend_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+def _attend_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
     out = torch.zeros_like(q)
     qsl, lens = query_start_loc.tolist(), seq_lens.tolist()
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]

@@ -18,6 +18,13 @@ from graphrt.passes.fuse_attention import FuseAttention
 from graphrt.passes.fuse_sampling import FuseSampling
 from graphrt.passes.fuse_slot_mapping import FuseSlotMapping
 from graphrt.passes.noop_elimination import NoopElimination
+from graphrt.passes.use_skinny_gemm import UseSkinnyGemm
+
+# Projections over at most this many rows go to graphrt's skinny GEMM. Measured with
+# `graphrt bench kernels` (SmolLM2's shapes, cold weights): the kernel streams the weights at
+# several times aten's speed from 1 to 16 rows; past that the work per weight byte grows and a
+# blocked GEMM (aten/oneDNN) catches up, so prefill-sized projections stay with aten.
+SKINNY_GEMM_MAX_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,7 @@ class Entry:
     pass_cls: type[GraphPass]
     reason: str
     backends: tuple[str, ...] | None = None  # None: every backend
+    options: tuple[tuple[str, object], ...] = ()
 
 
 PIPELINE: tuple[Entry, ...] = (
@@ -39,6 +47,14 @@ PIPELINE: tuple[Entry, ...] = (
         FuseAddRmsNorm,
         "pays only with a fused add-norm kernel (NPU); Inductor fuses the chain itself, where the op would be slower",
         backends=("torchair", "eager"),
+    ),
+    Entry(
+        UseSkinnyGemm,
+        f"kernel choice per projection: at most {SKINNY_GEMM_MAX_ROWS} rows is a weight stream (decode, the LM head's "
+        "few logits rows), more is a GEMM aten does best; after sampling, whose pattern starts at the LM head's aten "
+        "linear; CPU backends only (an NPU has its own matmul)",
+        backends=("inductor", "eager"),
+        options=(("max_rows", SKINNY_GEMM_MAX_ROWS),),
     ),
     Entry(
         NoopElimination, "last: the fusion patterns are traced from source that spells these casts and must see them"
@@ -75,7 +91,7 @@ class PassManager:
         self.backend = backend
         self.disabled = tuple(sorted(set(disabled)))
         self.passes: list[GraphPass] = [
-            e.pass_cls()
+            e.pass_cls(**dict(e.options))
             for e in PIPELINE
             if e.pass_cls.name not in self.disabled and (e.backends is None or backend in e.backends)
         ]

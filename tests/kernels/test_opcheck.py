@@ -45,6 +45,7 @@ def cases():
         torch.zeros(n, dtype=torch.long),
     )
     return {
+        "linear": (torch.randn(3, 33), torch.randn(7, 33), torch.randn(7)),
         "slot_mapping": (b.positions, b.token_req, b.block_tables, 4),
         "reshape_and_cache": cache_args,
         "paged_attention": attn,
@@ -71,3 +72,8 @@ def test_every_op_has_a_case():
 @pytest.mark.parametrize("name", kernels.OPS)
 def test_opcheck(name):
     torch.library.opcheck(getattr(torch.ops.graphrt, name).default, CASES[name])
+
+
+def test_opcheck_bf16_linear_without_bias():
+    args = (torch.randn(2, 5, 40).bfloat16(), torch.randn(9, 40).bfloat16(), None)
+    torch.library.opcheck(torch.ops.graphrt.linear.default, args)

@@ -1,0 +1,58 @@
+// Vector helpers for one instruction set, written with GCC/Clang vector extensions.
+//
+// Included once per instruction set inside its own namespace (see isa_kernels.cpp), after
+// GRT_VEC_BYTES is defined: 64 (AVX-512), 32 (AVX2) or 16 (the portable baseline: SSE2 on x86-64,
+// NEON on arm64). The compiler turns the same source into that set's instructions.
+// Weights and caches are float (fp32) or uint16_t (the bits of a bfloat16).
+
+constexpr int kLanes = GRT_VEC_BYTES / 4;
+typedef float vf __attribute__((vector_size(GRT_VEC_BYTES)));
+typedef float vf_unaligned __attribute__((vector_size(GRT_VEC_BYTES), aligned(4)));
+typedef uint32_t vu __attribute__((vector_size(GRT_VEC_BYTES)));
+typedef uint16_t vh_unaligned __attribute__((vector_size(GRT_VEC_BYTES / 2), aligned(2)));
+typedef float v4f __attribute__((vector_size(16)));
+
+static inline vf load(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
+
+static inline vf load(const uint16_t* p) {  // bfloat16 → float32 is a 16-bit shift
+  vu wide = __builtin_convertvector(*reinterpret_cast<const vh_unaligned*>(p), vu) << 16;
+  vf out;
+  __builtin_memcpy(&out, &wide, sizeof(out));
+  return out;
+}
+
+static inline void store(float* p, vf v) { *reinterpret_cast<vf_unaligned*>(p) = v; }
+
+static inline float to_float(float v) { return v; }
+
+static inline float to_float(uint16_t v) {
+  uint32_t bits = uint32_t(v) << 16;
+  float out;
+  __builtin_memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+static inline vf splat(float s) { return vf{} + s; }
+
+// Sum of the lanes, by halving: extract-and-add instructions rather than a scalar chain.
+static inline float hsum(vf v) {
+#if GRT_VEC_BYTES == 64
+  typedef float v8f __attribute__((vector_size(32)));
+  v8f a, b;
+  __builtin_memcpy(&a, &v, 32);
+  __builtin_memcpy(&b, reinterpret_cast<const char*>(&v) + 32, 32);
+  v8f s8 = a + b;
+  v4f c, d;
+  __builtin_memcpy(&c, &s8, 16);
+  __builtin_memcpy(&d, reinterpret_cast<const char*>(&s8) + 16, 16);
+  v4f s = c + d;
+#elif GRT_VEC_BYTES == 32
+  v4f c, d;
+  __builtin_memcpy(&c, &v, 16);
+  __builtin_memcpy(&d, reinterpret_cast<const char*>(&v) + 16, 16);
+  v4f s = c + d;
+#else
+  v4f s = v;
+#endif
+  return (s[0] + s[2]) + (s[1] + s[3]);
+}

@@ -1,0 +1,80 @@
+"""use_skinny_gemm: a projection over few rows → ``graphrt::linear``, the skinny GEMM.
+
+Before (a decode graph of 4 rows, fp32)::
+
+    qkv = torch._C._nn.linear(x, qkv_weight, qkv_bias)           # x: [4, 576]
+    logits = torch._C._nn.linear(hidden[indices], embed_weight)   # [4, 576] → [4, 49152]
+
+After::
+
+    qkv = torch.ops.graphrt.linear(x, qkv_weight, qkv_bias)
+    logits = torch.ops.graphrt.linear(hidden[indices], embed_weight, None)
+
+The choice is per projection, by its row count (the product of the input's leading dims, known
+statically in a graph per key): at most ``max_rows`` rows is a stream over the weights, where
+graphrt's kernel reads each weight byte once and aten's GEMM reaches a third of the memory's speed;
+more rows (prefill) is a real GEMM, where aten/oneDNN's blocking wins, so those stay. An LM head
+over a prefill graph's few logits rows is a skinny GEMM too. Only fp32/bf16 tensors with a
+contiguous [N, K] weight are rewritten (the kernel's layout); anything else is left and counted
+as unmatched. The op reads the weight in place: no copy per graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from graphrt.passes.base import GraphPass, PassResult
+from graphrt.passes.matcher import emit, example_value
+
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _linear_args(n):
+    """(x, weight, bias) of a linear call, or None when it is not one."""
+    if n.op != "call_function" or n.target is not torch._C._nn.linear:
+        return None
+    names = ("input", "weight", "bias")
+    args = list(n.args) + [n.kwargs[k] for k in names[len(n.args) :] if k in n.kwargs]
+    if len(args) == 2:
+        args.append(None)
+    return tuple(args) if len(args) == 3 else None
+
+
+def _fits(x, weight, bias, max_rows: int) -> bool:
+    xv, wv = example_value(x), example_value(weight)
+    bv = None if bias is None else example_value(bias)
+    if not isinstance(xv, torch.Tensor) or not isinstance(wv, torch.Tensor) or xv.ndim == 0:
+        return False
+    if bias is not None and not isinstance(bv, torch.Tensor):
+        return False
+    if xv.dtype not in _DTYPES or wv.dtype not in _DTYPES or wv.ndim != 2 or not wv.is_contiguous():
+        return False
+    if xv.device.type != "cpu" or wv.device.type != "cpu":
+        return False
+    return math.prod(xv.shape[:-1]) <= max_rows
+
+
+class UseSkinnyGemm(GraphPass):
+    name = "use_skinny_gemm"
+
+    def __init__(self, max_rows: int = 16) -> None:
+        super().__init__(max_rows=max_rows)
+        self.max_rows = max_rows
+
+    def __call__(self, graph) -> PassResult:
+        result = PassResult()
+        for n in list(graph.nodes):
+            args = _linear_args(n)
+            if args is None:
+                continue
+            if not _fits(*args, self.max_rows):
+                result.unmatched += 1
+                continue
+            with graph.inserting_before(n):
+                (new,) = emit(graph, torch.ops.graphrt.linear.default, args)
+            n.replace_all_uses_with(new)
+            graph.erase_node(n)
+            result.matched += 1
+        return result

@@ -1,0 +1,88 @@
+"""The native library: every instruction-set path and the portable torch bodies give the
+reference's results (each in a fresh process, since the set is chosen once per process), the
+build is cached by its key, and a bad request for an instruction set is named."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from graphrt.kernels import native_library
+
+CHECK = textwrap.dedent("""
+    import json, torch
+    import graphrt.kernels as kernels
+    from graphrt.kernels import reference
+    from tests.kernels.paged_batch import make_batch
+    errs = {}
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        for m, n, k in [(1, 577, 33), (5, 7, 577), (16, 64, 48), (3, 1, 1)]:
+            x, w, b = (torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype),
+                       torch.randn(n, generator=g).to(dtype))
+            want = x.double() @ w.double().T + b.double()
+            got = kernels.linear(x, w, b).double()
+            errs[f"linear {dtype} {m}x{n}x{k}"] = ((got - want).abs().max() / want.abs().max()).item()
+        for block_size, head_dim in [(1, 8), (16, 24), (64, 64)]:
+            bt = make_batch([(70, 70), (40, 1), (33, 9)], block_size, 6, 2, head_dim, dtype=dtype, pad_tokens=2)
+            kc, vc = bt.k_cache.clone(), bt.v_cache.clone()
+            got = kernels.paged_attention(bt.q, kc, vc, bt.block_tables, bt.seq_lens, bt.query_start_loc, 0.3,
+                                          k=bt.k, v=bt.v, slot_mapping=bt.slots)
+            want = reference.paged_attention(bt.q, bt.k, bt.v, bt.k_cache, bt.v_cache, bt.slots, bt.block_tables,
+                                             bt.seq_lens, bt.query_start_loc, 0.3)
+            assert torch.equal(kc, bt.k_cache) and torch.equal(vc, bt.v_cache)
+            errs[f"attention {dtype} bs{block_size} d{head_dim}"] = (got.double() - want.double()).abs().max().item()
+    print(json.dumps({"isa": kernels.NATIVE_ISA, "errs": errs}))
+""")
+
+
+def run_check(env: dict) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", CHECK], env={**os.environ, **env}, capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "env,isa",
+    [
+        ({"GRAPHRT_CPU_ISA": "avx2"}, "avx2"),
+        ({"GRAPHRT_CPU_ISA": "portable"}, "portable"),
+        ({"GRAPHRT_NATIVE": "0"}, None),
+        ({}, "widest"),
+    ],
+)
+def test_each_path_matches_the_reference(env, isa):
+    result = run_check(env)
+    if isa == "widest":
+        assert result["isa"] in native_library.ISAS
+    else:
+        assert result["isa"] == isa
+    for name, err in result["errs"].items():
+        tol = 1e-5 if "float32" in name else 3e-2
+        assert err <= tol, (name, err)
+
+
+def test_an_unknown_instruction_set_is_named():
+    out = subprocess.run(
+        [sys.executable, "-c", "import graphrt.kernels"],
+        env={**os.environ, "GRAPHRT_CPU_ISA": "sse9"},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0 and "GRAPHRT_CPU_ISA='sse9' is not known" in out.stderr
+
+
+def test_the_build_is_cached_under_its_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHRT_CACHE_DIR", str(tmp_path))
+    path = native_library.library_path()  # builds into the empty cache
+    assert path.parent.parent == tmp_path / "native" and path.exists()
+    stamp = path.stat().st_mtime_ns
+    assert native_library.library_path() == path and path.stat().st_mtime_ns == stamp  # not rebuilt
+    assert native_library.build_key() in str(path)
+    monkeypatch.setenv("CXX", "definitely-not-a-compiler")
+    with pytest.raises(native_library.NativeBuildError):
+        native_library.build(tmp_path)  # a missing compiler is an error the loader turns into a warning

@@ -1,0 +1,86 @@
+"""use_skinny_gemm in four beats (tiny module, recording backend, op counts, numerics), with the
+cases it must leave alone: too many rows, a non-contiguous weight, a dtype the kernel lacks."""
+
+import pytest
+import torch
+from torch import nn
+
+from graphrt.passes import PassManager
+from tests.passes.recording import RecordingBackend, count
+
+OP = torch.ops.graphrt.linear.default
+LINEAR = torch._C._nn.linear
+
+
+class Mlp(nn.Module):
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        self.up = nn.Linear(33, 70, bias=True).to(dtype)
+        self.down = nn.Linear(70, 33, bias=False).to(dtype)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_projections_of_few_rows_become_the_skinny_gemm(rows, dtype):
+    model = Mlp(dtype)
+    x = torch.randn(rows, 33, dtype=dtype)
+    rec = RecordingBackend()
+    with torch.no_grad():
+        got = rec.compile(model)(x)
+        want = model(x)
+    assert count(rec.before, LINEAR) == 2 and count(rec.before, OP) == 0
+    assert count(rec.after, LINEAR) == 0 and count(rec.after, OP) == 2
+    assert rec.results["use_skinny_gemm"].matched == 2
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got, want, **tol)
+
+
+def test_rows_are_counted_over_every_leading_dim():
+    model = Mlp()
+    x = torch.randn(2, 8, 33)  # 16 rows: rewritten
+    rec = RecordingBackend()
+    with torch.no_grad():
+        torch.testing.assert_close(rec.compile(model)(x), model(x), rtol=1e-5, atol=1e-5)
+    assert count(rec.after, OP) == 2
+
+
+def test_prefill_sized_projections_stay_with_aten():
+    model = Mlp()
+    x = torch.randn(17, 33)
+    rec = RecordingBackend()
+    with torch.no_grad():
+        got = rec.compile(model)(x)
+        torch.testing.assert_close(got, model(x))
+    assert count(rec.after, OP) == 0 and count(rec.after, LINEAR) == 2
+    assert rec.results["use_skinny_gemm"].unmatched == 2
+
+
+def transposed_weight(x, w):
+    return torch.nn.functional.linear(x, w.t())  # a strided weight: not the kernel's layout
+
+
+def test_a_non_contiguous_weight_or_float64_is_left_alone():
+    rec = RecordingBackend()
+    x, w = torch.randn(2, 8), torch.randn(8, 6)
+    torch.testing.assert_close(rec.compile(transposed_weight)(x, w), transposed_weight(x, w))
+    assert count(rec.after, OP) == 0 and rec.results["use_skinny_gemm"].unmatched == 1
+    model = Mlp().double()
+    rec64 = RecordingBackend()
+    with torch.no_grad():
+        rec64.compile(model)(torch.randn(2, 33, dtype=torch.float64))
+    assert count(rec64.after, OP) == 0
+
+
+def test_disabled_pass_keeps_aten_and_the_threshold_is_in_the_identity():
+    model = Mlp()
+    rec = RecordingBackend(disabled=("use_skinny_gemm",))
+    with torch.no_grad():
+        rec.compile(model)(torch.randn(1, 33))
+    assert count(rec.after, OP) == 0 and count(rec.after, LINEAR) == 2
+    from graphrt.passes.use_skinny_gemm import UseSkinnyGemm
+
+    assert UseSkinnyGemm(max_rows=16).uuid() != UseSkinnyGemm(max_rows=8).uuid()
+    assert "use_skinny_gemm" not in [p.name for p in PassManager("torchair").passes]

@@ -40,6 +40,7 @@ def test_bench_decode_writes_its_fields(tiny_tok_model, tmp_path):
         assert {"decode_tok_s", "step_ms_median", "step_ms_p90", "ttft_s"} <= set(row[engine])
     assert {"ratio_vs_transformers", "roofline_tok_s", "roofline_frac"} <= set(row)
     assert 0 <= row["graphrt"]["overhead_frac"] < 1
+    assert result["profile_shares"] and all(0 <= v < 1 for v in result["profile_shares"].values())
     assert result["machine"]["threads"] >= 1 and result["machine"]["torch"]
 
 
@@ -49,3 +50,13 @@ def test_bench_grammar_reports_overhead(tiny_tok_model, tmp_path):
         main(["bench", "grammar", "--model", tiny_tok_model, "--batch", "2", "--no-compile", "--json", str(out)]) == 0
     )
     assert {"free_step_ms", "constrained_step_ms", "overhead_frac"} <= set(json.loads(out.read_text()))
+
+
+def test_bench_kernels_reports_both_engines_against_the_bandwidth():
+    from graphrt.bench.kernels import bench_kernels
+
+    result = bench_kernels(["float32", "bfloat16"], [1, 3], shapes={"t": (40, 24)}, repeats=1, cold_bytes=1 << 16)
+    assert result["bandwidth_gb_s"] > 0 and len(result["rows"]) == 4
+    for row in result["rows"]:
+        assert row["graphrt_gb_s"] > 0 and row["aten_gb_s"] > 0 and row["graphrt_frac"] > 0
+        assert set(row["shapes"]["t"]) == {"graphrt", "aten"}

@@ -148,8 +148,9 @@ def bench_decode(
     hf = load_transformers(model, compiled.engine.dtype) if with_transformers else None
     cfg = compiled.engine.loaded.config
     bandwidth = measure_bandwidth()
+    shares = None
     if profile:
-        write_profile(compiled, random_prompts(batch_sizes[0], prompt_len, cfg.vocab_size, seed=0), profile)
+        shares = write_profile(compiled, random_prompts(batch_sizes[0], prompt_len, cfg.vocab_size, seed=0), profile)
     rows = []
     for b in batch_sizes:
         prompts = random_prompts(b, prompt_len, cfg.vocab_size, seed=b)
@@ -180,18 +181,44 @@ def bench_decode(
         "gen_len": gen_len,
         "rows": rows,
         "capture": [(r.key.name, r.how, round(r.seconds, 1)) for r in compiled.capture_report()],
+        "profile_shares": shares,
     }
 
 
-def write_profile(llm, prompts: list[list[int]], path: str, gen_len: int = 32) -> None:
+def write_profile(llm, prompts: list[list[int]], path: str, gen_len: int = 32) -> dict[str, float]:
+    """A torch.profiler table of the decode steps of ``gen_len`` tokens (the prefill runs before
+    the profiler starts), and each graphrt op's (and aten GEMM's) share of the profiled wall time."""
     from torch.profiler import ProfilerActivity, profile
 
+    from graphrt import SamplingParams
+
+    engine = llm.engine
     run_graphrt(llm, prompts, 4)
+    ids = [engine.add_request(p, SamplingParams(max_tokens=gen_len, temperature=0, ignore_eos=True)) for p in prompts]
+    while not all(engine.output(r).token_ids for r in ids):
+        engine.step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        run_graphrt(llm, prompts, gen_len)
+        start = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        wall = time.perf_counter() - start
+    for r in ids:
+        engine.release(r)
+    averages = prof.key_averages()
+    shares = {
+        e.key: e.self_cpu_time_total / 1e6 / wall
+        for e in averages
+        if e.key.startswith("graphrt::") or e.key in ("aten::mm", "aten::addmm", "aten::linear")
+    }
     with open(path, "w") as f:
-        f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        f.write(averages.table(sort_by="self_cpu_time_total", row_limit=25))
+        f.write(f"\nshare of the profiled wall time ({wall:.3f} s: {len(prompts)} rows, {gen_len - 1} decode steps):\n")
+        for key, share in sorted(shares.items(), key=lambda kv: -kv[1]):
+            f.write(f"  {key:<32} {100 * share:5.1f}%\n")
+    for key, share in sorted(shares.items(), key=lambda kv: -kv[1]):
+        print(f"profile: {key:<32} {100 * share:5.1f}% of the step")
     print(f"wrote {path}")
+    return shares
 
 
 def print_row(row: dict) -> None:

@@ -1,4 +1,4 @@
-"""``graphrt bench decode | startup | roofline | grammar``."""
+"""``graphrt bench decode | kernels | startup | roofline | grammar``."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ def _sizes(text: str) -> list[int]:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="benchmarks: decode, startup, roofline, grammar")
+    p = sub.add_parser("bench", help="benchmarks: decode, kernels, startup, roofline, grammar")
     kinds = p.add_subparsers(dest="bench", required=True)
     for name, help_ in (
         ("decode", "decode tokens/s against transformers"),
+        ("kernels", "the skinny GEMM against aten's linear, cold weights, against the read bandwidth"),
         ("startup", "cold vs warm start"),
         ("roofline", "bandwidth and the fraction of it decode reaches"),
         ("grammar", "constrained vs unconstrained step time"),
@@ -38,6 +39,9 @@ def add_parser(sub) -> None:
                 default=None,
                 help="write a torch.profiler table of graphrt's compiled decode at the first batch size",
             )
+        if name == "kernels":
+            k.add_argument("--rows", type=_sizes, default=[1, 2, 4, 8, 16])
+            k.add_argument("--dtypes", default="float32,bfloat16")
         if name == "grammar":
             k.add_argument("--batch", type=int, default=4)
             k.add_argument("--no-compile", action="store_true")
@@ -63,7 +67,12 @@ def run(args: argparse.Namespace) -> int:
         if not roofline_only and args.plot:
             plot(result, args.plot)
         if roofline_only:
-            print(f"bandwidth {result['bandwidth_gb_s']:.1f} GB/s (copy, read + write counted)")
+            print(f"bandwidth {result['bandwidth_gb_s']:.1f} GB/s (streaming read)")
+    elif args.bench == "kernels":
+        from graphrt.bench.kernels import bench_kernels
+
+        print_facts(machine_facts(args.dtypes))
+        result = bench_kernels(args.dtypes.split(","), args.rows)
     elif args.bench == "startup":
         from graphrt.bench.startup import bench_startup
 

@@ -114,13 +114,16 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   const AttendFn attend = k_cache.scalar_type() == at::kFloat ? isa.attend_f32 : isa.attend_bf16;
   const float fscale = static_cast<float>(scale);
   at::parallel_for(0, T * Hkv, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores;
+    // Per-thread scratch: scores and the group's output, copied out once (threads never write
+    // near each other's lines while they accumulate).
+    std::vector<float> scores, acc(G * D);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = i / Hkv, head = i % Hkv;
       if (n_keys[t] == 0) continue;
       scores.resize(G * n_keys[t]);
       attend(qd + (t * H + head * G) * D, kd, vd, tp + token_row[t] * B, n_keys[t], block_size, Hkv, head, D, G,
-             fscale, scores.data(), od + (t * H + head * G) * D);
+             fscale, scores.data(), acc.data());
+      std::memcpy(od + (t * H + head * G) * D, acc.data(), G * D * sizeof(float));
     }
   });
   return out.to(q.scalar_type());

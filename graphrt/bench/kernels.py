@@ -1,0 +1,91 @@
+"""``graphrt bench kernels``: graphrt's skinny GEMM against aten's linear on a model's projection
+shapes, with cold weights, next to the machine's read bandwidth measured in the same run.
+
+Cold means what a decode step sees: every call reads a matrix that is not in any cache. Each
+shape gets enough distinct matrices that one sweep over them is several times the last-level
+cache; a single repeated matrix would sit in cache and report a bandwidth the memory cannot give.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from graphrt.bench.roofline import measure_bandwidth
+
+# SmolLM2-135M's projections (graphrt stacks q/k/v and gate/up): name → (N, K)
+SMOLLM2_SHAPES = {
+    "qkv": (960, 576),
+    "o": (576, 576),
+    "gate_up": (3072, 576),
+    "down": (576, 1536),
+    "lm_head": (49152, 576),
+}
+COLD_BYTES = 256 * 2**20  # per shape and sweep: well past any last-level cache here (32 MiB)
+
+
+def _engines():
+    return {
+        "graphrt": lambda x, w: torch.ops.graphrt.linear(x, w, None),
+        "aten": lambda x, w: F.linear(x, w),
+    }
+
+
+def _sweep_seconds(fn, x, weights, repeats: int) -> float:
+    fn(x, weights[0])
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for w in weights:
+            fn(x, w)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def bench_kernels(
+    dtypes: list[str],
+    rows: list[int],
+    shapes: dict[str, tuple[int, int]] | None = None,
+    repeats: int = 3,
+    cold_bytes: int = COLD_BYTES,
+) -> dict:
+    import graphrt.kernels as kernels
+
+    shapes = shapes or SMOLLM2_SHAPES
+    bandwidth = measure_bandwidth()
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s; native kernels: {kernels.NATIVE_ISA or 'off'}")
+    results = []
+    for dtype_name in dtypes:
+        dtype = getattr(torch, dtype_name)
+        mats = {}
+        for name, (n, k) in shapes.items():
+            count = max(2, math.ceil(cold_bytes / (n * k * dtype.itemsize)))
+            mats[name] = [torch.randn(n, k).to(dtype) for _ in range(count)]
+        for m in rows:
+            row = {"dtype": dtype_name, "rows": m, "shapes": {}}
+            total = {e: [0, 0.0] for e in _engines()}
+            for name, weights in mats.items():
+                x = torch.randn(m, weights[0].shape[1]).to(dtype)
+                nbytes = sum(w.numel() * w.element_size() for w in weights)
+                per = {}
+                for engine, fn in _engines().items():  # side by side, shape by shape
+                    s = _sweep_seconds(fn, x, weights, repeats)
+                    per[engine] = nbytes / s / 1e9
+                    total[engine][0] += nbytes
+                    total[engine][1] += s
+                row["shapes"][name] = per
+            for engine, (nbytes, s) in total.items():
+                row[engine + "_gb_s"] = nbytes / s / 1e9
+                row[engine + "_frac"] = nbytes / s / bandwidth
+            results.append(row)
+            shapes_txt = "  ".join(f"{k} {v['graphrt']:.0f}/{v['aten']:.0f}" for k, v in row["shapes"].items())
+            print(
+                f"{dtype_name:>8} M={m:<3} graphrt {row['graphrt_gb_s']:5.1f} GB/s ({100 * row['graphrt_frac']:3.0f}%)"
+                f"  aten {row['aten_gb_s']:5.1f} GB/s ({100 * row['aten_frac']:3.0f}%)   per shape graphrt/aten: "
+                + shapes_txt
+            )
+        del mats
+    return {"bandwidth_gb_s": bandwidth / 1e9, "native_isa": kernels.NATIVE_ISA, "rows": results}

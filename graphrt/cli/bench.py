@@ -22,10 +22,11 @@ def add_parser(sub) -> None:
         ("grammar", "constrained vs unconstrained step time"),
     ):
         k = kinds.add_parser(name, help=help_)
-        k.add_argument("--model", default=None)
-        k.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
         k.add_argument("--json", default=None, help="write the results as JSON here")
-        k.add_argument("--graph-cache", default=None)
+        if name != "kernels":  # the kernel benchmark runs on synthetic weights of SmolLM2's shapes
+            k.add_argument("--model", default=None)
+            k.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+            k.add_argument("--graph-cache", default=None)
         if name in ("decode", "roofline"):
             k.add_argument("--batch-sizes", type=_sizes, default=[1, 8] if name == "roofline" else [1, 2, 4, 8])
             k.add_argument("--prompt-len", type=int, default=128)
@@ -40,8 +41,8 @@ def add_parser(sub) -> None:
                 help="write a torch.profiler table of graphrt's compiled decode at the first batch size",
             )
         if name == "kernels":
-            k.add_argument("--rows", type=_sizes, default=[1, 2, 4, 8, 16])
-            k.add_argument("--dtypes", default="float32,bfloat16")
+            k.add_argument("--rows", type=_sizes, default=[1, 2, 4, 8, 16], help="activation row counts, e.g. 1,8")
+            k.add_argument("--dtypes", default="float32,bfloat16", help="weight/activation dtypes, comma-separated")
         if name == "grammar":
             k.add_argument("--batch", type=int, default=4)
             k.add_argument("--no-compile", action="store_true")

@@ -125,9 +125,12 @@ def bench_decode(
     with_transformers: bool = True,
     backend: str = "inductor",
     profile: str | None = None,
+    vs_llamacpp: bool = False,
 ) -> dict:
     from graphrt.llm import LLM
     from graphrt.runner.graph_cache import CaptureSizes
+
+    llamacpp = start_llamacpp(model, dtype, prompt_len + gen_len + 16) if vs_llamacpp else None
 
     facts = machine_facts(dtype)
     print_facts(facts)
@@ -160,6 +163,11 @@ def bench_decode(
             "graphrt": run_graphrt(compiled, prompts, gen_len),
             "graphrt_eager": run_graphrt(eager, prompts, gen_len),
         }
+        if llamacpp is not None and b == 1:  # llama.cpp's Python API runs one sequence
+            llamacpp.run(prompts[0], 4)
+            row["llamacpp"] = llamacpp.run(prompts[0], gen_len)
+            row["ratio_vs_llamacpp"] = row["graphrt"]["decode_tok_s"] / row["llamacpp"]["decode_tok_s"]
+            row["same_tokens_as_llamacpp"] = row["graphrt"]["tokens"][0] == row["llamacpp"]["tokens"]
         if hf is not None:
             run_transformers(hf, prompts, 4)
             row["transformers"] = run_transformers(hf, prompts, gen_len)
@@ -170,7 +178,7 @@ def bench_decode(
         )
         row["roofline_tok_s"] = b * bandwidth / step_bytes
         row["roofline_frac"] = row["graphrt"]["decode_tok_s"] / row["roofline_tok_s"]
-        for engine in ("graphrt", "graphrt_eager", "transformers"):
+        for engine in ("graphrt", "graphrt_eager", "transformers", "llamacpp"):
             row.get(engine, {}).pop("tokens", None)
         rows.append(row)
         print_row(row)
@@ -183,6 +191,23 @@ def bench_decode(
         "capture": [(r.key.name, r.how, round(r.seconds, 1)) for r in compiled.capture_report()],
         "profile_shares": shares,
     }
+
+
+def start_llamacpp(model: str | None, dtype: str, n_ctx: int):
+    """llama.cpp on an F32 (fp32) or F16 (bf16) GGUF written once from the model's own GGUF."""
+    import pathlib
+
+    from graphrt.bench.llamacpp import LlamaCpp, gguf_for, require_llamacpp
+    from graphrt.loader import default_model_path
+    from graphrt.tokenizer import cache_root
+
+    require_llamacpp()
+    path = model or default_model_path()
+    if not path.endswith(".gguf"):
+        raise ValueError(f"--vs-llamacpp needs a .gguf model (llama.cpp reads GGUF only), got {path!r}")
+    print(f"llama.cpp: writing or reusing a dequantised copy of {os.path.basename(path)}")
+    converted = gguf_for(path, dtype, pathlib.Path(cache_root()) / "llamacpp")
+    return LlamaCpp(converted, n_ctx, torch.get_num_threads())
 
 
 def write_profile(llm, prompts: list[list[int]], path: str, gen_len: int = 32) -> dict[str, float]:
@@ -223,9 +248,16 @@ def write_profile(llm, prompts: list[list[int]], path: str, gen_len: int = 32) -
 
 def print_row(row: dict) -> None:
     b = row["batch"]
-    for name in ("graphrt", "graphrt_eager", "transformers"):
+    for name in ("graphrt", "graphrt_eager", "transformers", "llamacpp"):
         r = row.get(name)
         if r is None:
+            continue
+        if name == "llamacpp":
+            print(
+                f"batch {b:>3}  {name:<14} {r['decode_tok_s']:8.1f} tok/s  (its own counters: {r['n_eval']} "
+                f"decode evals in {r['decode_ms']:.0f} ms)  graphrt/llama.cpp {row['ratio_vs_llamacpp']:.2f}x, "
+                f"same tokens: {row['same_tokens_as_llamacpp']}"
+            )
             continue
         extra = f"  overhead {100 * r['overhead_frac']:.1f}%" if name == "graphrt" else ""
         print(

@@ -36,6 +36,11 @@ def add_parser(sub) -> None:
             k.add_argument("--plot", default=None, help="draw throughput against batch size into this PNG")
             k.add_argument("--no-transformers", action="store_true")
             k.add_argument(
+                "--vs-llamacpp",
+                action="store_true",
+                help="run llama.cpp (llama-cpp-python) at batch 1 on an F32/F16 copy of the GGUF, interleaved",
+            )
+            k.add_argument(
                 "--profile",
                 default=None,
                 help="write a torch.profiler table of graphrt's compiled decode at the first batch size",
@@ -64,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
             with_transformers=not roofline_only and not args.no_transformers,
             backend=args.backend,
             profile=None if roofline_only else args.profile,
+            vs_llamacpp=not roofline_only and args.vs_llamacpp,
         )
         if not roofline_only and args.plot:
             plot(result, args.plot)

@@ -30,9 +30,7 @@ def quantized_gguf(tmp_path):
 
 
 @pytest.mark.parametrize("file_type,matrix_dtype", [("F32", np.float32), ("F16", np.float16)])
-def test_the_copy_holds_the_dequantised_tensors_and_the_same_metadata(
-    quantized_gguf, tmp_path, file_type, matrix_dtype
-):
+def test_the_copy_holds_dequantised_tensors_and_the_metadata(quantized_gguf, tmp_path, file_type, matrix_dtype):
     src, dequantised = quantized_gguf
     dst = write_gguf(src, str(tmp_path / f"copy.{file_type}.gguf"), file_type)
     r = gguf.GGUFReader(dst)

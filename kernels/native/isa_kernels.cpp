@@ -1,37 +1,44 @@
 // The native kernel bodies, compiled once per instruction set and chosen at run time.
 //
-// The same source (simd.h, skinny_gemm.h, paged_attention.h) is included in three namespaces:
+// The same source (simd.h, skinny_gemm.h, paged_attention.h) is included in three namespaces,
+// each with its vector width and the skinny GEMM's register tiles (GRT_SMALL_*: weight rows x
+// activation rows for up to 4 rows; GRT_WIDE_*: for more, sized to the register file):
 // avx512 (AVX-512F/BW + FMA), avx2 (AVX2 + FMA) and portable (the compiler's baseline). Each
 // x86 namespace is compiled under `#pragma GCC target`, so one library runs on any x86-64 CPU and
 // uses the widest vectors it has. No torch headers here: this file compiles in a second.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
 #include "isa_kernels.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 #define GRT_DEFINE_TABLE(NS)                                                                        \
   namespace NS {                                                                                  \
   static void gemm_f32(const float* x, const void* w, float* y, int64_t M, int64_t N, int64_t K,  \
                        int64_t n0, int64_t n1) {                                                  \
-    skinny_gemm(x, static_cast<const float*>(w), y, M, N, K, n0, n1);                             \
+    skinny_gemm<FmaPolicy<float>>(x, static_cast<const float*>(w), y, M, N, K, n0, n1);           \
   }                                                                                               \
   static void gemm_bf16(const float* x, const void* w, float* y, int64_t M, int64_t N, int64_t K, \
                         int64_t n0, int64_t n1) {                                                 \
-    skinny_gemm(x, static_cast<const uint16_t*>(w), y, M, N, K, n0, n1);                          \
+    skinny_gemm<FmaPolicy<uint16_t>>(x, static_cast<const uint16_t*>(w), y, M, N, K, n0, n1);     \
   }                                                                                               \
   static void attend_f32(const float* q, const void* kc, const void* vc, const int64_t* blocks,   \
-                         int64_t n_keys, int64_t bs, int64_t hkv, int64_t head, int64_t D,        \
-                         int64_t G, float scale, float* scores, float* out) {                     \
-    attend(q, static_cast<const float*>(kc), static_cast<const float*>(vc), blocks, n_keys, bs,   \
-           hkv, head, D, G, scale, scores, out);                                                  \
+                         int64_t l0, int64_t l1, int64_t bs, int64_t hkv, int64_t D, int64_t G,   \
+                         float scale, float* scores, float* m, float* sums, float* acc) {         \
+    attend_chunk(q, static_cast<const float*>(kc), static_cast<const float*>(vc), blocks, l0, l1, \
+                 bs, hkv, D, G, scale, scores, m, sums, acc);                                     \
   }                                                                                               \
   static void attend_bf16(const float* q, const void* kc, const void* vc, const int64_t* blocks,  \
-                          int64_t n_keys, int64_t bs, int64_t hkv, int64_t head, int64_t D,       \
-                          int64_t G, float scale, float* scores, float* out) {                    \
-    attend(q, static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), blocks, n_keys, \
-           bs, hkv, head, D, G, scale, scores, out);                                              \
+                          int64_t l0, int64_t l1, int64_t bs, int64_t hkv, int64_t D, int64_t G,  \
+                          float scale, float* scores, float* m, float* sums, float* acc) {        \
+    attend_chunk(q, static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), blocks,   \
+                 l0, l1, bs, hkv, D, G, scale, scores, m, sums, acc);                             \
   }                                                                                               \
   }
 
@@ -40,26 +47,74 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 namespace avx512 {
 #define GRT_VEC_BYTES 64
-#define GRT_MB 4
+#define GRT_SMALL_NB 4
+#define GRT_SMALL_MB 4
+#define GRT_WIDE_NB 2
+#define GRT_WIDE_MB 8
 #include "simd.h"
 #include "skinny_gemm.h"
 #include "paged_attention.h"
 #undef GRT_VEC_BYTES
-#undef GRT_MB
+#undef GRT_SMALL_NB
+#undef GRT_SMALL_MB
+#undef GRT_WIDE_NB
+#undef GRT_WIDE_MB
 }  // namespace avx512
 GRT_DEFINE_TABLE(avx512)
+#pragma GCC pop_options
+
+// bf16 activations times bf16 weights with AVX512-BF16's dot product (vdpbf16ps): 32 products
+// summed pairwise into 16 fp32 lanes per instruction, no widening of either operand. Used when
+// the activations are bf16 already (a bf16 model), so no input is rounded that was not before.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+namespace avx512bf16 {
+#define GRT_VEC_BYTES 64
+#define GRT_SMALL_NB 4
+#define GRT_SMALL_MB 4
+#define GRT_WIDE_NB 2
+#define GRT_WIDE_MB 8
+#include "simd.h"
+struct DotPolicy {
+  using X = uint16_t;
+  using XV = __m512bh;
+  using WV = __m512bh;
+  using Acc = __m512;
+  static constexpr int kStep = 32;
+  static __m512bh loadx(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static __m512bh loadw(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static __m512 madd(__m512 a, __m512bh x, __m512bh w) { return _mm512_dpbf16_ps(a, x, w); }
+  static float reduce(__m512 a) { return _mm512_reduce_add_ps(a); }
+};
+#include "skinny_gemm.h"
+#undef GRT_VEC_BYTES
+#undef GRT_SMALL_NB
+#undef GRT_SMALL_MB
+#undef GRT_WIDE_NB
+#undef GRT_WIDE_MB
+static void gemm_bf16_dot(const uint16_t* x, const void* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
+                          int64_t n1) {
+  skinny_gemm<DotPolicy>(x, static_cast<const uint16_t*>(w), y, M, N, K, n0, n1);
+}
+}  // namespace avx512bf16
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 #define GRT_VEC_BYTES 32
-#define GRT_MB 2
+#define GRT_SMALL_NB 2
+#define GRT_SMALL_MB 4
+#define GRT_WIDE_NB 2
+#define GRT_WIDE_MB 4
 #include "simd.h"
 #include "skinny_gemm.h"
 #include "paged_attention.h"
 #undef GRT_VEC_BYTES
-#undef GRT_MB
+#undef GRT_SMALL_NB
+#undef GRT_SMALL_MB
+#undef GRT_WIDE_NB
+#undef GRT_WIDE_MB
 }  // namespace avx2
 GRT_DEFINE_TABLE(avx2)
 #pragma GCC pop_options
@@ -67,12 +122,18 @@ GRT_DEFINE_TABLE(avx2)
 
 namespace portable {
 #define GRT_VEC_BYTES 16
-#define GRT_MB 2
+#define GRT_SMALL_NB 2
+#define GRT_SMALL_MB 4
+#define GRT_WIDE_NB 2
+#define GRT_WIDE_MB 4
 #include "simd.h"
 #include "skinny_gemm.h"
 #include "paged_attention.h"
 #undef GRT_VEC_BYTES
-#undef GRT_MB
+#undef GRT_SMALL_NB
+#undef GRT_SMALL_MB
+#undef GRT_WIDE_NB
+#undef GRT_WIDE_MB
 }  // namespace portable
 GRT_DEFINE_TABLE(portable)
 
@@ -81,6 +142,7 @@ namespace graphrt_native {
 static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, AttendFn ab) {
   IsaKernels k;
   k.name = name;
+  k.gemm_bf16_dot = nullptr;
   k.gemm_f32 = gf;
   k.gemm_bf16 = gb;
   k.attend_f32 = af;
@@ -109,8 +171,11 @@ static IsaKernels choose() {
     if (!allowed && std::strcmp(isa, wanted) == 0) allowed = true;
     if (!allowed || !supported(isa)) continue;
 #if defined(__x86_64__) || defined(__i386__)
-    if (std::strcmp(isa, "avx512") == 0)
-      return make("avx512", avx512::gemm_f32, avx512::gemm_bf16, avx512::attend_f32, avx512::attend_bf16);
+    if (std::strcmp(isa, "avx512") == 0) {
+      IsaKernels k = make("avx512", avx512::gemm_f32, avx512::gemm_bf16, avx512::attend_f32, avx512::attend_bf16);
+      if (__builtin_cpu_supports("avx512bf16")) k.gemm_bf16_dot = avx512bf16::gemm_bf16_dot;
+      return k;
+    }
     if (std::strcmp(isa, "avx2") == 0)
       return make("avx2", avx2::gemm_f32, avx2::gemm_bf16, avx2::attend_f32, avx2::attend_bf16);
 #endif

@@ -9,15 +9,21 @@ namespace graphrt_native {
 using GemmFn = void (*)(const float* x, const void* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
                         int64_t n1);
 
-// One query token's G heads against KV head `head`: q [G, D], out [G, D], scores scratch [G, n_keys].
-using AttendFn = void (*)(const float* q, const void* k_cache, const void* v_cache, const int64_t* blocks,
-                          int64_t n_keys, int64_t block_size, int64_t num_kv_heads, int64_t head, int64_t D,
-                          int64_t G, float scale, float* scores, float* out);
+// One query token's heads over its keys [l0, l1): q [H, D]; per head the chunk's max score m,
+// sum of exponentials and unnormalised output acc [H, D]; scores is scratch [H, l1 - l0].
+using AttendFn = void (*)(const float* q, const void* k_cache, const void* v_cache, const int64_t* blocks, int64_t l0,
+                          int64_t l1, int64_t block_size, int64_t num_kv_heads, int64_t D, int64_t G, float scale,
+                          float* scores, float* m, float* sums, float* acc);
+
+// y[M, N] = x[M, K] * w[N, K]^T with x and w both bf16 (null where the CPU has no bf16 dot product).
+using GemmBf16DotFn = void (*)(const uint16_t* x, const void* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
+                               int64_t n1);
 
 struct IsaKernels {
   const char* name;
   GemmFn gemm_f32;
   GemmFn gemm_bf16;
+  GemmBf16DotFn gemm_bf16_dot;
   AttendFn attend_f32;
   AttendFn attend_bf16;
 };

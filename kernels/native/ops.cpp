@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -19,6 +20,8 @@
 
 namespace graphrt_native {
 namespace {
+
+constexpr int64_t kChunk = 128;  // keys per attention work item
 
 bool is_weight_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16; }
 
@@ -28,20 +31,28 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   TORCH_CHECK(is_weight_dtype(w.scalar_type()), "graphrt::linear: weight must be float32 or bfloat16");
   const int64_t N = w.size(0), K = w.size(1);
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, "graphrt::linear: x's last dim must equal the weight's K");
-  const at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat).contiguous();
+  const IsaKernels& isa = isa_kernels();
+  // bf16 times bf16 runs on the dot-product instruction where the CPU has one; otherwise the
+  // activations are widened to fp32 once (they are small) and the weights as they stream.
+  const bool dot = isa.gemm_bf16_dot != nullptr && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16;
+  const at::Tensor x2 = x.reshape({-1, K}).to(dot ? at::kBFloat16 : at::kFloat).contiguous();
   const int64_t M = x2.size(0);
-  at::Tensor y = at::empty({M, N}, x2.options());
-  const float* xp = x2.data_ptr<float>();
+  at::Tensor y = at::empty({M, N}, x2.options().dtype(at::kFloat));
+  const void* xp = x2.data_ptr();
   const void* wp = w.data_ptr();
   float* yp = y.data_ptr<float>();
-  const IsaKernels& isa = isa_kernels();
   const GemmFn gemm = w.scalar_type() == at::kFloat ? isa.gemm_f32 : isa.gemm_bf16;
   // Blocks of 4 output rows (the kernel's tile); small matrices stay on one thread.
   const int64_t blocks = (N + 3) / 4;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, 4 * K));
   if (M > 0) {
     at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-      gemm(xp, wp, yp, M, N, K, b0 * 4, std::min(N, b1 * 4));
+      const int64_t n0 = b0 * 4, n1 = std::min(N, b1 * 4);
+      if (dot) {
+        isa.gemm_bf16_dot(static_cast<const uint16_t*>(xp), wp, yp, M, N, K, n0, n1);
+      } else {
+        gemm(static_cast<const float*>(xp), wp, yp, M, N, K, n0, n1);
+      }
     });
   }
   if (bias.has_value() && bias->defined()) y.add_(bias->to(at::kFloat));
@@ -105,27 +116,51 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
       n_keys[t] = std::max<int64_t>(0, keys);
     }
   }
-  at::Tensor out = at::zeros({T, H, D}, qf.options());
+  // Work items: each token's keys in chunks of kChunk, so that a decode step of one token still
+  // gives every thread work; partial results merge per token below (max-rescaled sums).
+  struct Item {
+    int64_t t, l0, l1;
+  };
+  std::vector<Item> items;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t l0 = 0; l0 < n_keys[t]; l0 += kChunk) items.push_back({t, l0, std::min(n_keys[t], l0 + kChunk)});
+  const int64_t I = static_cast<int64_t>(items.size());
+  std::vector<float> m(I * H), sums(I * H), acc(I * H * D);
   const float* qd = qf.data_ptr<float>();
-  float* od = out.data_ptr<float>();
   const void* kd = k_cache.data_ptr();
   const void* vd = v_cache.data_ptr();
   const IsaKernels& isa = isa_kernels();
   const AttendFn attend = k_cache.scalar_type() == at::kFloat ? isa.attend_f32 : isa.attend_bf16;
   const float fscale = static_cast<float>(scale);
-  at::parallel_for(0, T * Hkv, 1, [&](int64_t i0, int64_t i1) {
-    // Per-thread scratch: scores and the group's output, copied out once (threads never write
-    // near each other's lines while they accumulate).
-    std::vector<float> scores, acc(G * D);
+  at::parallel_for(0, I, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores(H * kChunk);
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / Hkv, head = i % Hkv;
-      if (n_keys[t] == 0) continue;
-      scores.resize(G * n_keys[t]);
-      attend(qd + (t * H + head * G) * D, kd, vd, tp + token_row[t] * B, n_keys[t], block_size, Hkv, head, D, G,
-             fscale, scores.data(), acc.data());
-      std::memcpy(od + (t * H + head * G) * D, acc.data(), G * D * sizeof(float));
+      const Item& it = items[i];
+      attend(qd + it.t * H * D, kd, vd, tp + token_row[it.t] * B, it.l0, it.l1, block_size, Hkv, D, G, fscale,
+             scores.data(), &m[i * H], &sums[i * H], &acc[i * H * D]);
     }
   });
+  at::Tensor out = at::zeros({T, H, D}, qf.options());
+  float* od = out.data_ptr<float>();
+  for (int64_t first = 0; first < I;) {  // merge each token's chunks
+    int64_t last = first;
+    while (last < I && items[last].t == items[first].t) ++last;
+    float* o = od + items[first].t * H * D;
+    for (int64_t h = 0; h < H; ++h) {
+      float mx = m[first * H + h];
+      for (int64_t i = first + 1; i < last; ++i) mx = std::max(mx, m[i * H + h]);
+      float total = 0.0f;
+      for (int64_t i = first; i < last; ++i) {
+        const float w = std::exp(m[i * H + h] - mx);
+        total += w * sums[i * H + h];
+        const float* a = &acc[(i * H + h) * D];
+        for (int64_t d = 0; d < D; ++d) o[h * D + d] += w * a[d];
+      }
+      const float inv = 1.0f / total;
+      for (int64_t d = 0; d < D; ++d) o[h * D + d] *= inv;
+    }
+    first = last;
+  }
   return out.to(q.scalar_type());
 }
 

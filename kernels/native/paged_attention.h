@@ -39,48 +39,62 @@ static inline float dot(const float* q, const C* key, int64_t D) {
   return s;
 }
 
-// q: [G, D] fp32; scores: scratch [G, n_keys]; out: [G, D] fp32.
+// One token's attention over its keys [l0, l1) (a chunk of its sequence), every head at once:
+// for each head h the chunk's max score m[h], the sum of exp(score - m[h]) sums[h], and the
+// unnormalised weighted sum of values acc[h, :]; chunks merge afterwards (merge_chunks in ops.cpp).
+// Chunks let two threads share one decode token; reading each key slot's heads together reads
+// [Hkv, D] contiguous bytes, and the slot PREFETCH keys ahead is requested early: the KV cache of
+// a decode step is cold, so latency, not bandwidth, bounds a loop that waits for each row.
+constexpr int64_t kPrefetchKeys = 8;
+
 template <typename C>
-static void attend(const float* q, const C* k_cache, const C* v_cache, const int64_t* blocks, int64_t n_keys,
-                   int64_t block_size, int64_t num_kv_heads, int64_t head, int64_t D, int64_t G, float scale,
-                   float* scores, float* out) {
-  const int64_t slot_stride = num_kv_heads * D;
-  for (int64_t l = 0; l < n_keys; ++l) {
-    const int64_t slot = blocks[l / block_size] * block_size + l % block_size;
-    const C* key = k_cache + slot * slot_stride + head * D;
-    for (int64_t g = 0; g < G; ++g) scores[g * n_keys + l] = dot(q + g * D, key, D) * scale;
+static inline void prefetch_slot(const C* cache, int64_t slot, int64_t slot_elems) {
+  const char* p = reinterpret_cast<const char*>(cache + slot * slot_elems);
+  for (int64_t b = 0; b < slot_elems * int64_t(sizeof(C)); b += 64) __builtin_prefetch(p + b);
+}
+
+// q: [H, D] fp32 (H = Hkv * G); scores: scratch [H, l1 - l0]; m, sums: [H]; acc: [H, D].
+template <typename C>
+static void attend_chunk(const float* q, const C* k_cache, const C* v_cache, const int64_t* blocks, int64_t l0,
+                         int64_t l1, int64_t block_size, int64_t Hkv, int64_t D, int64_t G, float scale, float* scores,
+                         float* m, float* sums, float* acc) {
+  const int64_t slot_elems = Hkv * D, n = l1 - l0, H = Hkv * G;
+  auto slot_of = [&](int64_t l) { return blocks[l / block_size] * block_size + l % block_size; };
+  for (int64_t l = l0; l < l1; ++l) {
+    if (l + kPrefetchKeys < l1) prefetch_slot(k_cache, slot_of(l + kPrefetchKeys), slot_elems);
+    const C* row = k_cache + slot_of(l) * slot_elems;
+    for (int64_t h = 0; h < H; ++h) scores[h * n + (l - l0)] = dot(q + h * D, row + (h / G) * D, D) * scale;
   }
-  for (int64_t g = 0; g < G; ++g) {  // softmax, normalised before the weighted sum
-    float* s = scores + g * n_keys;
+  for (int64_t h = 0; h < H; ++h) {
+    float* s = scores + h * n;
     float mx = s[0];
-    for (int64_t l = 1; l < n_keys; ++l) mx = s[l] > mx ? s[l] : mx;
+    for (int64_t i = 1; i < n; ++i) mx = s[i] > mx ? s[i] : mx;
     float total = 0.0f;
-    int64_t l = 0;
-    for (; l + kLanes <= n_keys; l += kLanes) {
-      const vf e = exp_nonpositive(load(s + l) - splat(mx));
-      store(s + l, e);
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      const vf e = exp_nonpositive(load(s + i) - splat(mx));
+      store(s + i, e);
       total += hsum(e);
     }
-    for (; l < n_keys; ++l) {
-      vf e = exp_nonpositive(splat(s[l] - mx));
-      s[l] = e[0];
-      total += s[l];
+    for (; i < n; ++i) {
+      const vf e = exp_nonpositive(splat(s[i] - mx));
+      s[i] = e[0];
+      total += s[i];
     }
-    const float inv = 1.0f / total;
-    for (l = 0; l < n_keys; ++l) s[l] *= inv;
+    m[h] = mx;
+    sums[h] = total;
   }
-  for (int64_t i = 0; i < G * D; ++i) out[i] = 0.0f;
-  for (int64_t l = 0; l < n_keys; ++l) {
-    const int64_t slot = blocks[l / block_size] * block_size + l % block_size;
-    const C* value = v_cache + slot * slot_stride + head * D;
-    int64_t d = 0;
-    for (; d + kLanes <= D; d += kLanes) {
-      const vf vv = load(value + d);
-      for (int64_t g = 0; g < G; ++g) store(out + g * D + d, load(out + g * D + d) + splat(scores[g * n_keys + l]) * vv);
-    }
-    for (; d < D; ++d) {
-      const float vv = to_float(value[d]);
-      for (int64_t g = 0; g < G; ++g) out[g * D + d] += scores[g * n_keys + l] * vv;
+  for (int64_t i = 0; i < H * D; ++i) acc[i] = 0.0f;
+  for (int64_t l = l0; l < l1; ++l) {
+    if (l + kPrefetchKeys < l1) prefetch_slot(v_cache, slot_of(l + kPrefetchKeys), slot_elems);
+    const C* row = v_cache + slot_of(l) * slot_elems;
+    for (int64_t h = 0; h < H; ++h) {
+      const C* value = row + (h / G) * D;
+      const float p = scores[h * n + (l - l0)];
+      float* out = acc + h * D;
+      int64_t d = 0;
+      for (; d + kLanes <= D; d += kLanes) store(out + d, load(out + d) + splat(p) * load(value + d));
+      for (; d < D; ++d) out[d] += p * to_float(value[d]);
     }
   }
 }

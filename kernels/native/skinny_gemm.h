@@ -1,90 +1,136 @@
-#define GRT_PF 4
 // The skinny GEMM of decode steps, for one instruction set (included per set by isa_kernels.cpp).
 //
-//   y[m, n] = sum_k x[m, k] * w[n, k]      x: fp32 [M, K]; w: [N, K] rows, fp32 or bf16; y: fp32 [M, N]
+//   y[m, n] = sum_k x[m, k] * w[n, k]      x: [M, K]; w: [N, K] rows; y: fp32 [M, N]
 //
 // A decode step multiplies a handful of rows by a large weight matrix, so the weights' bytes are
-// the cost: each weight row is read from memory exactly once. NB weight rows are loaded a vector
-// at a time and multiplied with MB activation rows held in registers (NB x MB accumulators); when
-// M > MB, the next MB rows re-read the same NB weight rows from L1 (NB rows of K <= 2048 floats fit).
-// Accumulation is fp32; the K tail (K not a multiple of the vector width) is a scalar loop.
+// the cost: each weight row is read from memory exactly once. The multiply-add is a policy P:
+//   FmaPolicy<W>  x fp32, w fp32 or bf16 (widened by a shift), fp32 fused multiply-adds;
+//   the bf16-dot policy (isa_kernels.cpp, CPUs with AVX512-BF16): x and w bf16, vdpbf16ps.
+// A policy names X (x's element type), XV/WV/Acc (vector types), kStep (k per vector), loadx,
+// loadw, madd and reduce. Accumulation is fp32; the K tail is a scalar loop.
 
-// PREFETCH: ask for the next NB weight rows while these stream (the first pass over a row block
-// only; later passes over it hit L1). Hardware prefetchers alone leave the memory idle between
-// row blocks once several activation rows make each block's arithmetic longer.
-template <typename W, int NB, int MB, bool PREFETCH>
-static inline void tile(const float* x, const W* w, float* y, int64_t N, int64_t K, int64_t n0, int64_t m0,
+template <typename W>
+struct FmaPolicy {
+  using X = float;
+  using XV = vf;
+  using WV = vf;
+  using Acc = vf;
+  static constexpr int kStep = kLanes;
+  static XV loadx(const X* p) { return load(p); }
+  static WV loadw(const W* p) { return load(p); }
+  static Acc madd(Acc a, XV x, WV w) { return a + x * w; }
+  static float reduce(Acc a) { return hsum(a); }
+};
+
+// Weight rows kBlocksAhead blocks ahead are prefetched while a block streams (first pass
+// only; later passes over the block hit L1): hardware prefetchers alone leave the memory idle
+// between row blocks once several activation rows lengthen each block's arithmetic.
+constexpr int kBlocksAhead = 4;
+
+// NB weight rows against MB activation rows held in registers (NB x MB accumulators); when
+// M > MB, the next MB rows re-read the same NB weight rows from L1 (NB rows of K <= 2048 fit).
+template <typename P, typename W, int NB, int MB, bool PREFETCH>
+static inline void tile(const typename P::X* x, const W* w, float* y, int64_t N, int64_t K, int64_t n0, int64_t m0,
                         int64_t n_end) {
-  vf acc[MB][NB];
+  typename P::Acc acc[MB][NB];
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i)
 #pragma GCC unroll 8
-    for (int j = 0; j < NB; ++j) acc[i][j] = vf{};
+    for (int j = 0; j < NB; ++j) acc[i][j] = typename P::Acc{};
   const W* wr = w + n0 * K;
-  const float* xr = x + m0 * K;
+  const typename P::X* xr = x + m0 * K;
   int64_t k = 0;
-  for (; k + kLanes <= K; k += kLanes) {
-    vf wv[NB];
+  for (; k + P::kStep <= K; k += P::kStep) {
+    typename P::WV wv[NB];
 #pragma GCC unroll 8
-    for (int j = 0; j < NB; ++j) wv[j] = load(wr + j * K + k);
+    for (int j = 0; j < NB; ++j) wv[j] = P::loadw(wr + j * K + k);
     if constexpr (PREFETCH) {
-      if (n0 + (GRT_PF + 1) * NB <= n_end) {
+      if (n0 + (kBlocksAhead + 1) * NB <= n_end) {
 #pragma GCC unroll 8
-        for (int j = 0; j < NB; ++j) __builtin_prefetch(wr + (GRT_PF * NB + j) * K + k);
+        for (int j = 0; j < NB; ++j) __builtin_prefetch(wr + (kBlocksAhead * NB + j) * K + k);
       }
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) {
-      const vf xv = load(xr + i * K + k);
+      const typename P::XV xv = P::loadx(xr + i * K + k);
 #pragma GCC unroll 8
-      for (int j = 0; j < NB; ++j) acc[i][j] += xv * wv[j];
+      for (int j = 0; j < NB; ++j) acc[i][j] = P::madd(acc[i][j], xv, wv[j]);
     }
   }
   for (int i = 0; i < MB; ++i) {
     for (int j = 0; j < NB; ++j) {
-      float s = hsum(acc[i][j]);
-      for (int64_t kk = k; kk < K; ++kk) s += xr[i * K + kk] * to_float(wr[j * K + kk]);
+      float s = P::reduce(acc[i][j]);
+      for (int64_t kk = k; kk < K; ++kk) s += to_float(xr[i * K + kk]) * to_float(wr[j * K + kk]);
       y[(m0 + i) * N + n0 + j] = s;
     }
   }
 }
 
-// The last M % MB rows: a tile of exactly that many rows, so accumulators stay in registers.
-template <typename W, int NB, int MB>
-static inline void tail_tile(const float* x, const W* w, float* y, int64_t N, int64_t K, int64_t n0, int64_t m0,
-                             int64_t rows) {
+// A tile of exactly `rows` (<= MB) activation rows, so accumulators stay in registers; the first
+// pass over a row block prefetches the blocks ahead.
+template <typename P, typename W, int NB, int MB>
+static inline void tile_rows(const typename P::X* x, const W* w, float* y, int64_t N, int64_t K, int64_t n0,
+                             int64_t m0, int64_t n_end, int64_t rows) {
   if constexpr (MB > 0) {
-    if (rows == MB) {
-      tile<W, NB, MB, false>(x, w, y, N, K, n0, m0, 0);
-    } else {
-      tail_tile<W, NB, MB - 1>(x, w, y, N, K, n0, m0, rows);
-    }
+    if (rows != MB) return tile_rows<P, W, NB, MB - 1>(x, w, y, N, K, n0, m0, n_end, rows);
+    if (m0 == 0) return tile<P, W, NB, MB, true>(x, w, y, N, K, n0, m0, n_end);
+    tile<P, W, NB, MB, false>(x, w, y, N, K, n0, m0, n_end);
   }
 }
 
-template <typename W, int NB>
-static inline void row_block(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
+template <typename P, typename W, int NB, int MB>
+static inline void row_block(const typename P::X* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
                              int64_t n_end) {
-  int64_t m0 = 0;
-  if (M >= GRT_MB) {
-    tile<W, NB, GRT_MB, true>(x, w, y, N, K, n0, 0, n_end);
-    m0 = GRT_MB;
-  } else {
-    switch (M) {  // fewer rows than a tile: one pass, prefetching
-      case 1: tile<W, NB, 1, true>(x, w, y, N, K, n0, 0, n_end); return;
-      case 2: tile<W, NB, (GRT_MB > 2 ? 2 : 1), true>(x, w, y, N, K, n0, 0, n_end); m0 = (GRT_MB > 2 ? 2 : 1); break;
-      default: tile<W, NB, (GRT_MB > 3 ? 3 : 1), true>(x, w, y, N, K, n0, 0, n_end); m0 = (GRT_MB > 3 ? 3 : 1); break;
-    }
-  }
-  for (; m0 + GRT_MB <= M; m0 += GRT_MB) tile<W, NB, GRT_MB, false>(x, w, y, N, K, n0, m0, 0);
-  if (m0 < M) tail_tile<W, NB, GRT_MB - 1>(x, w, y, N, K, n0, m0, M - m0);
+  for (int64_t m0 = 0; m0 < M; m0 += MB) tile_rows<P, W, NB, MB>(x, w, y, N, K, n0, m0, n_end, std::min<int64_t>(MB, M - m0));
 }
 
-// Output columns [n_begin, n_end): one thread's share.
-template <typename W>
-static void skinny_gemm(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n_begin,
-                        int64_t n_end) {
+template <typename P, typename W, int NB, int MB>
+static inline void row_blocks(const typename P::X* x, const W* w, float* y, int64_t M, int64_t N, int64_t K,
+                              int64_t n_begin, int64_t n_end) {
   int64_t n = n_begin;
-  for (; n + 4 <= n_end; n += 4) row_block<W, 4>(x, w, y, M, N, K, n, n_end);
-  for (; n < n_end; ++n) row_block<W, 1>(x, w, y, M, N, K, n, n_end);
+  for (; n + NB <= n_end; n += NB) row_block<P, W, NB, MB>(x, w, y, M, N, K, n, n_end);
+  for (; n < n_end; ++n) row_block<P, W, 1, MB>(x, w, y, M, N, K, n, n_end);
+}
+
+// One activation row: the thread's weight rows are one contiguous region, read front to back as
+// a single stream (what hardware prefetchers follow best) and prefetched kAheadBytes ahead with
+// a non-temporal hint (the weights are read once a step); four accumulators per row so the adds
+// do not wait on each other.
+constexpr int64_t kAheadBytes = 4096;
+
+template <typename P, typename W>
+static void gemv(const typename P::X* x, const W* w, float* y, int64_t K, int64_t n_begin, int64_t n_end) {
+  const char* end = reinterpret_cast<const char*>(w + n_end * K);
+  constexpr int64_t kVecBytes = P::kStep * int64_t(sizeof(W));
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const W* wr = w + n * K;
+    typename P::Acc a0{}, a1{}, a2{}, a3{};
+    int64_t k = 0;
+    for (; k + 4 * P::kStep <= K; k += 4 * P::kStep) {
+      const char* ahead = reinterpret_cast<const char*>(wr + k) + kAheadBytes;
+      if (ahead < end) {
+#pragma GCC unroll 4
+        for (int64_t b = 0; b < 4 * kVecBytes; b += 64) __builtin_prefetch(ahead + b, 0, 0);
+      }
+      a0 = P::madd(a0, P::loadx(x + k), P::loadw(wr + k));
+      a1 = P::madd(a1, P::loadx(x + k + P::kStep), P::loadw(wr + k + P::kStep));
+      a2 = P::madd(a2, P::loadx(x + k + 2 * P::kStep), P::loadw(wr + k + 2 * P::kStep));
+      a3 = P::madd(a3, P::loadx(x + k + 3 * P::kStep), P::loadw(wr + k + 3 * P::kStep));
+    }
+    for (; k + P::kStep <= K; k += P::kStep) a0 = P::madd(a0, P::loadx(x + k), P::loadw(wr + k));
+    float s = P::reduce((a0 + a1) + (a2 + a3));
+    for (; k < K; ++k) s += to_float(x[k]) * to_float(wr[k]);
+    y[n] = s;
+  }
+}
+
+// Output columns [n_begin, n_end): one thread's share. Up to GRT_SMALL_MB rows: wide tiles of
+// GRT_SMALL_NB weight rows (more weight streams in flight); more rows: GRT_WIDE_MB activation rows
+// per pass, so each weight row is loaded into registers once for up to that many rows.
+template <typename P, typename W>
+static void skinny_gemm(const typename P::X* x, const W* w, float* y, int64_t M, int64_t N, int64_t K,
+                        int64_t n_begin, int64_t n_end) {
+  if (M == 1) return gemv<P, W>(x, w, y, K, n_begin, n_end);
+  if (M <= GRT_SMALL_MB) return row_blocks<P, W, GRT_SMALL_NB, GRT_SMALL_MB>(x, w, y, M, N, K, n_begin, n_end);
+  row_blocks<P, W, GRT_WIDE_NB, GRT_WIDE_MB>(x, w, y, M, N, K, n_begin, n_end);
 }

@@ -56,7 +56,8 @@ def test_bench_kernels_reports_both_engines_against_the_bandwidth():
     from graphrt.bench.kernels import bench_kernels
 
     result = bench_kernels(["float32", "bfloat16"], [1, 3], shapes={"t": (40, 24)}, repeats=1, cold_bytes=1 << 16)
-    assert result["bandwidth_gb_s"] > 0 and len(result["rows"]) == 4
+    assert len(result["rows"]) == 4
     for row in result["rows"]:
+        assert row["bandwidth_gb_s"] > 0
         assert row["graphrt_gb_s"] > 0 and row["aten_gb_s"] > 0 and row["graphrt_frac"] > 0
         assert set(row["shapes"]["t"]) == {"graphrt", "aten"}

@@ -158,11 +158,12 @@ def bench_decode(
     for b in batch_sizes:
         prompts = random_prompts(b, prompt_len, cfg.vocab_size, seed=b)
         run_graphrt(compiled, prompts, 4)  # warm-up at this size
-        row = {
-            "batch": b,
-            "graphrt": run_graphrt(compiled, prompts, gen_len),
-            "graphrt_eager": run_graphrt(eager, prompts, gen_len),
-        }
+        # The machine's bandwidth drifts within minutes (shared hosts): the roofline of this row
+        # takes the mean of a measurement just before and just after graphrt's own run.
+        before = measure_bandwidth()
+        row = {"batch": b, "graphrt": run_graphrt(compiled, prompts, gen_len)}
+        row["bandwidth_gb_s"] = (before + measure_bandwidth()) / 2e9
+        row["graphrt_eager"] = run_graphrt(eager, prompts, gen_len)
         if llamacpp is not None and b == 1:  # llama.cpp's Python API runs one sequence
             llamacpp.run(prompts[0], 4)
             row["llamacpp"] = llamacpp.run(prompts[0], gen_len)
@@ -176,7 +177,7 @@ def bench_decode(
         step_bytes = decode_step_bytes(
             compiled.engine.loaded.model, cfg, b, prompt_len + gen_len // 2, compiled.engine.dtype
         )
-        row["roofline_tok_s"] = b * bandwidth / step_bytes
+        row["roofline_tok_s"] = b * row["bandwidth_gb_s"] * 1e9 / step_bytes
         row["roofline_frac"] = row["graphrt"]["decode_tok_s"] / row["roofline_tok_s"]
         for engine in ("graphrt", "graphrt_eager", "transformers", "llamacpp"):
             row.get(engine, {}).pop("tokens", None)
@@ -268,7 +269,8 @@ def print_row(row: dict) -> None:
         print(
             f"batch {b:>3}  graphrt/transformers {row['ratio_vs_transformers']:.2f}x, "
             f"same tokens: {row['same_tokens_as_transformers']}, "
-            f"roofline {row['roofline_tok_s']:.1f} tok/s ({100 * row['roofline_frac']:.0f}% reached)"
+            f"roofline {row['roofline_tok_s']:.1f} tok/s at {row['bandwidth_gb_s']:.1f} GB/s "
+            f"({100 * row['roofline_frac']:.0f}% reached)"
         )
 
 

@@ -2,7 +2,8 @@
 //
 // The same source (simd.h, skinny_gemm.h, paged_attention.h) is included in three namespaces,
 // each with its vector width and the skinny GEMM's register tiles (GRT_SMALL_*: weight rows x
-// activation rows for up to 4 rows; GRT_WIDE_*: for more, sized to the register file):
+// activation rows for 2-4 rows; GRT_WIDE_*: for more, sized to the register file; measured with
+// `graphrt bench kernels`):
 // avx512 (AVX-512F/BW + FMA), avx2 (AVX2 + FMA) and portable (the compiler's baseline). Each
 // x86 namespace is compiled under `#pragma GCC target`, so one library runs on any x86-64 CPU and
 // uses the widest vectors it has. No torch headers here: this file compiles in a second.
@@ -47,7 +48,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 namespace avx512 {
 #define GRT_VEC_BYTES 64
-#define GRT_SMALL_NB 4
+#define GRT_SMALL_NB 1
 #define GRT_SMALL_MB 4
 #define GRT_WIDE_NB 2
 #define GRT_WIDE_MB 8
@@ -70,7 +71,7 @@ GRT_DEFINE_TABLE(avx512)
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
 namespace avx512bf16 {
 #define GRT_VEC_BYTES 64
-#define GRT_SMALL_NB 4
+#define GRT_SMALL_NB 1
 #define GRT_SMALL_MB 4
 #define GRT_WIDE_NB 2
 #define GRT_WIDE_MB 8
@@ -103,7 +104,7 @@ static void gemm_bf16_dot(const uint16_t* x, const void* w, float* y, int64_t M,
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 #define GRT_VEC_BYTES 32
-#define GRT_SMALL_NB 2
+#define GRT_SMALL_NB 1
 #define GRT_SMALL_MB 4
 #define GRT_WIDE_NB 2
 #define GRT_WIDE_MB 4
@@ -122,7 +123,7 @@ GRT_DEFINE_TABLE(avx2)
 
 namespace portable {
 #define GRT_VEC_BYTES 16
-#define GRT_SMALL_NB 2
+#define GRT_SMALL_NB 1
 #define GRT_SMALL_MB 4
 #define GRT_WIDE_NB 2
 #define GRT_WIDE_MB 4

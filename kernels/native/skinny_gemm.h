@@ -124,9 +124,10 @@ static void gemv(const typename P::X* x, const W* w, float* y, int64_t K, int64_
   }
 }
 
-// Output columns [n_begin, n_end): one thread's share. Up to GRT_SMALL_MB rows: wide tiles of
-// GRT_SMALL_NB weight rows (more weight streams in flight); more rows: GRT_WIDE_MB activation rows
-// per pass, so each weight row is loaded into registers once for up to that many rows.
+// Output columns [n_begin, n_end): one thread's share. Up to GRT_SMALL_MB rows: tiles of
+// GRT_SMALL_NB weight rows (one row: the weights stay a single front-to-back stream, which
+// measured fastest for 2-4 rows); more rows: GRT_WIDE_NB weight rows x GRT_WIDE_MB activation
+// rows, so each weight vector, once in a register, serves that many rows.
 template <typename P, typename W>
 static void skinny_gemm(const typename P::X* x, const W* w, float* y, int64_t M, int64_t N, int64_t K,
                         int64_t n_begin, int64_t n_end) {

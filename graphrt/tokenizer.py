@@ -7,6 +7,8 @@ import os
 import shutil
 from typing import Any
 
+from graphrt.kernels.native_library import cache_root
+
 
 class Tokenizer:
     def __init__(self, hf_tokenizer: Any) -> None:
@@ -30,14 +32,6 @@ class Tokenizer:
         return self.hf.eos_token_id
 
 
-def cache_root() -> str:
-    """graphrt's per-user cache: $GRAPHRT_CACHE_DIR, else $XDG_CACHE_HOME/graphrt, else ~/.cache/graphrt."""
-    if os.environ.get("GRAPHRT_CACHE_DIR"):
-        return os.environ["GRAPHRT_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "graphrt")
-
-
 def load_hf_tokenizer(model_dir: str, gguf_file: str | None = None) -> Tokenizer:
     from transformers import AutoTokenizer
 
@@ -48,7 +42,7 @@ def load_hf_tokenizer(model_dir: str, gguf_file: str | None = None) -> Tokenizer
     path = os.path.abspath(os.path.join(model_dir, gguf_file))
     st = os.stat(path)
     key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:24]
-    cached = os.path.join(cache_root(), "tokenizers", key)
+    cached = os.path.join(cache_root(), "tokenizers", key)  # the per-user cache the native kernels use
     if os.path.exists(os.path.join(cached, "tokenizer_config.json")):
         try:
             return Tokenizer(AutoTokenizer.from_pretrained(cached))

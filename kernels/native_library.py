@@ -43,6 +43,8 @@ class NativeBuildError(RuntimeError):
 
 
 def cache_root() -> pathlib.Path:
+    """graphrt's per-user cache (native kernels, tokenizers, benchmark files): $GRAPHRT_CACHE_DIR,
+    else $XDG_CACHE_HOME/graphrt, else ~/.cache/graphrt."""
     if os.environ.get("GRAPHRT_CACHE_DIR"):
         return pathlib.Path(os.environ["GRAPHRT_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

@@ -196,18 +196,17 @@ def bench_decode(
 
 def start_llamacpp(model: str | None, dtype: str, n_ctx: int):
     """llama.cpp on an F32 (fp32) or F16 (bf16) GGUF written once from the model's own GGUF."""
-    import pathlib
 
     from graphrt.bench.llamacpp import LlamaCpp, gguf_for, require_llamacpp
+    from graphrt.kernels.native_library import cache_root
     from graphrt.loader import default_model_path
-    from graphrt.tokenizer import cache_root
 
     require_llamacpp()
     path = model or default_model_path()
     if not path.endswith(".gguf"):
         raise ValueError(f"--vs-llamacpp needs a .gguf model (llama.cpp reads GGUF only), got {path!r}")
     print(f"llama.cpp: writing or reusing a dequantised copy of {os.path.basename(path)}")
-    converted = gguf_for(path, dtype, pathlib.Path(cache_root()) / "llamacpp")
+    converted = gguf_for(path, dtype, cache_root() / "llamacpp")
     return LlamaCpp(converted, n_ctx, torch.get_num_threads())
 
 

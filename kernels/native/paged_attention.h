@@ -53,18 +53,8 @@ static inline void prefetch_slot(const C* cache, int64_t slot, int64_t slot_elem
   for (int64_t b = 0; b < slot_elems * int64_t(sizeof(C)); b += 64) __builtin_prefetch(p + b);
 }
 
-// q: [H, D] fp32 (H = Hkv * G); scores: scratch [H, l1 - l0]; m, sums: [H]; acc: [H, D].
-template <typename C>
-static void attend_chunk(const float* q, const C* k_cache, const C* v_cache, const int64_t* blocks, int64_t l0,
-                         int64_t l1, int64_t block_size, int64_t Hkv, int64_t D, int64_t G, float scale, float* scores,
-                         float* m, float* sums, float* acc) {
-  const int64_t slot_elems = Hkv * D, n = l1 - l0, H = Hkv * G;
-  auto slot_of = [&](int64_t l) { return blocks[l / block_size] * block_size + l % block_size; };
-  for (int64_t l = l0; l < l1; ++l) {
-    if (l + kPrefetchKeys < l1) prefetch_slot(k_cache, slot_of(l + kPrefetchKeys), slot_elems);
-    const C* row = k_cache + slot_of(l) * slot_elems;
-    for (int64_t h = 0; h < H; ++h) scores[h * n + (l - l0)] = dot(q + h * D, row + (h / G) * D, D) * scale;
-  }
+// Softmax of each head's scores over the chunk, in place (exp(score - max)); m and sums per head.
+static inline void chunk_softmax(float* scores, int64_t H, int64_t n, float* m, float* sums) {
   for (int64_t h = 0; h < H; ++h) {
     float* s = scores + h * n;
     float mx = s[0];
@@ -84,6 +74,91 @@ static void attend_chunk(const float* q, const C* k_cache, const C* v_cache, con
     m[h] = mx;
     sums[h] = total;
   }
+}
+
+// The chunk with head_dim = DV vectors and G query heads per KV head known at compile time: one
+// KV head at a time, its G queries and G output rows held in registers across the keys (the
+// general loop reloads and re-stores them for every key). Only where they fit the registers. The
+// first KV head's pass prefetches whole slots, so the others find the chunk in L2.
+template <int DV, int G>
+constexpr bool kFitsRegisters = GRT_VEC_BYTES == 64 && DV * (G + 1) <= 28;
+
+template <typename C, int DV, int G>
+static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cache, const int64_t* blocks, int64_t l0,
+                               int64_t l1, int64_t block_size, int64_t Hkv, float scale, float* scores, float* m,
+                               float* sums, float* acc) {
+  constexpr int64_t D = DV * kLanes;
+  const int64_t slot_elems = Hkv * D, n = l1 - l0;
+  auto slot_of = [&](int64_t l) { return blocks[l / block_size] * block_size + l % block_size; };
+  for (int64_t g = 0; g < Hkv; ++g) {
+    vf qv[G][DV];
+    for (int i = 0; i < G; ++i)
+      for (int d = 0; d < DV; ++d) qv[i][d] = load(q + (g * G + i) * D + d * kLanes);
+    for (int64_t l = l0; l < l1; ++l) {
+      if (g == 0 && l + kPrefetchKeys < l1) prefetch_slot(k_cache, slot_of(l + kPrefetchKeys), slot_elems);
+      const C* key = k_cache + slot_of(l) * slot_elems + g * D;
+      vf kv[DV];
+      for (int d = 0; d < DV; ++d) kv[d] = load(key + d * kLanes);
+      for (int i = 0; i < G; ++i) {
+        vf a = qv[i][0] * kv[0];
+        for (int d = 1; d < DV; ++d) a += qv[i][d] * kv[d];
+        scores[(g * G + i) * n + (l - l0)] = hsum(a) * scale;
+      }
+    }
+  }
+  chunk_softmax(scores, Hkv * G, n, m, sums);
+  for (int64_t g = 0; g < Hkv; ++g) {
+    vf o[G][DV];
+    for (int i = 0; i < G; ++i)
+      for (int d = 0; d < DV; ++d) o[i][d] = vf{};
+    for (int64_t l = l0; l < l1; ++l) {
+      if (g == 0 && l + kPrefetchKeys < l1) prefetch_slot(v_cache, slot_of(l + kPrefetchKeys), slot_elems);
+      const C* value = v_cache + slot_of(l) * slot_elems + g * D;
+      vf vv[DV];
+      for (int d = 0; d < DV; ++d) vv[d] = load(value + d * kLanes);
+      for (int i = 0; i < G; ++i) {
+        const vf p = splat(scores[(g * G + i) * n + (l - l0)]);
+        for (int d = 0; d < DV; ++d) o[i][d] += p * vv[d];
+      }
+    }
+    for (int i = 0; i < G; ++i)
+      for (int d = 0; d < DV; ++d) store(acc + (g * G + i) * D + d * kLanes, o[i][d]);
+  }
+}
+
+// The fixed-shape chunk for head_dim 4 or 8 vectors and the head groups that fit; false otherwise.
+template <typename C, int DV, int G>
+static inline bool try_fixed(int64_t D, int64_t groups, const float* q, const C* k_cache, const C* v_cache,
+                             const int64_t* blocks, int64_t l0, int64_t l1, int64_t block_size, int64_t Hkv,
+                             float scale, float* scores, float* m, float* sums, float* acc) {
+  if constexpr (kFitsRegisters<DV, G>) {
+    if (D == DV * kLanes && groups == G) {
+      attend_chunk_fixed<C, DV, G>(q, k_cache, v_cache, blocks, l0, l1, block_size, Hkv, scale, scores, m, sums, acc);
+      return true;
+    }
+  }
+  return false;
+}
+
+// q: [H, D] fp32 (H = Hkv * G); scores: scratch [H, l1 - l0]; m, sums: [H]; acc: [H, D].
+template <typename C>
+static void attend_chunk(const float* q, const C* k_cache, const C* v_cache, const int64_t* blocks, int64_t l0,
+                         int64_t l1, int64_t block_size, int64_t Hkv, int64_t D, int64_t G, float scale, float* scores,
+                         float* m, float* sums, float* acc) {
+#define GRT_TRY(DV, GG) \
+  try_fixed<C, DV, GG>(D, G, q, k_cache, v_cache, blocks, l0, l1, block_size, Hkv, scale, scores, m, sums, acc)
+  if (GRT_TRY(4, 1) || GRT_TRY(4, 2) || GRT_TRY(4, 3) || GRT_TRY(4, 4) || GRT_TRY(4, 5) || GRT_TRY(4, 6) ||
+      GRT_TRY(8, 1) || GRT_TRY(8, 2))
+    return;
+#undef GRT_TRY
+  const int64_t slot_elems = Hkv * D, n = l1 - l0, H = Hkv * G;
+  auto slot_of = [&](int64_t l) { return blocks[l / block_size] * block_size + l % block_size; };
+  for (int64_t l = l0; l < l1; ++l) {
+    if (l + kPrefetchKeys < l1) prefetch_slot(k_cache, slot_of(l + kPrefetchKeys), slot_elems);
+    const C* row = k_cache + slot_of(l) * slot_elems;
+    for (int64_t h = 0; h < H; ++h) scores[h * n + (l - l0)] = dot(q + h * D, row + (h / G) * D, D) * scale;
+  }
+  chunk_softmax(scores, H, n, m, sums);
   for (int64_t i = 0; i < H * D; ++i) acc[i] = 0.0f;
   for (int64_t l = l0; l < l1; ++l) {
     if (l + kPrefetchKeys < l1) prefetch_slot(v_cache, slot_of(l + kPrefetchKeys), slot_elems);

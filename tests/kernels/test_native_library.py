@@ -26,15 +26,18 @@ CHECK = textwrap.dedent("""
             want = x.double() @ w.double().T + b.double()
             got = kernels.linear(x, w, b).double()
             errs[f"linear {dtype} {m}x{n}x{k}"] = ((got - want).abs().max() / want.abs().max()).item()
-        for block_size, head_dim in [(1, 8), (16, 24), (64, 64)]:
-            bt = make_batch([(70, 70), (40, 1), (33, 9)], block_size, 6, 2, head_dim, dtype=dtype, pad_tokens=2)
+        # head_dim 64 with 3 heads per KV head and 128 with 2 take the register-held path
+        for block_size, head_dim, heads in [(1, 8, 6), (16, 24, 6), (64, 64, 6), (16, 128, 4), (16, 128, 8)]:
+            bt = make_batch([(200, 200), (300, 1), (33, 9)], block_size, heads, 2, head_dim, dtype=dtype,
+                            pad_tokens=2)
             kc, vc = bt.k_cache.clone(), bt.v_cache.clone()
             got = kernels.paged_attention(bt.q, kc, vc, bt.block_tables, bt.seq_lens, bt.query_start_loc, 0.3,
                                           k=bt.k, v=bt.v, slot_mapping=bt.slots)
             want = reference.paged_attention(bt.q, bt.k, bt.v, bt.k_cache, bt.v_cache, bt.slots, bt.block_tables,
                                              bt.seq_lens, bt.query_start_loc, 0.3)
             assert torch.equal(kc, bt.k_cache) and torch.equal(vc, bt.v_cache)
-            errs[f"attention {dtype} bs{block_size} d{head_dim}"] = (got.double() - want.double()).abs().max().item()
+            err = (got.double() - want.double()).abs().max().item()
+            errs[f"attention {dtype} bs{block_size} d{head_dim} h{heads}"] = err
     print(json.dumps({"isa": kernels.NATIVE_ISA, "errs": errs}))
 """)
 

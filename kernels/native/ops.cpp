@@ -23,6 +23,13 @@ namespace {
 
 constexpr int64_t kChunk = 128;  // keys per attention work item
 
+// `t` as a contiguous tensor of `dtype`, without a dispatcher round trip when it already is one
+// (these ops run about 150 times a decode step: their fixed cost shows).
+at::Tensor as_contiguous(const at::Tensor& t, at::ScalarType dtype) {
+  if (t.scalar_type() == dtype && t.is_contiguous()) return t;
+  return t.to(dtype).contiguous();
+}
+
 bool is_weight_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16; }
 
 // x [..., K] · w[N, K]^T (+ bias) → [..., N] in x's dtype; fp32 accumulation.
@@ -35,7 +42,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   // bf16 times bf16 runs on the dot-product instruction where the CPU has one; otherwise the
   // activations are widened to fp32 once (they are small) and the weights as they stream.
   const bool dot = isa.gemm_bf16_dot != nullptr && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16;
-  const at::Tensor x2 = x.reshape({-1, K}).to(dot ? at::kBFloat16 : at::kFloat).contiguous();
+  const at::Tensor x2 = as_contiguous(x.dim() == 2 ? x : x.reshape({-1, K}), dot ? at::kBFloat16 : at::kFloat);
   const int64_t M = x2.size(0);
   at::Tensor y = at::empty({M, N}, x2.options().dtype(at::kFloat));
   const void* xp = x2.data_ptr();
@@ -58,7 +65,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   if (bias.has_value() && bias->defined()) y.add_(bias->to(at::kFloat));
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
-  return y.to(x.scalar_type()).reshape(shape);
+  at::Tensor out = x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  return x.dim() == 2 ? out : out.reshape(shape);
 }
 
 void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
@@ -66,8 +74,8 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
   TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type(),
               "graphrt::paged_attention: k/v and the caches must share a dtype");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "graphrt::paged_attention: caches must be contiguous");
-  const at::Tensor kc = k.contiguous(), vc = v.contiguous();
-  const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
+  const at::Tensor kc = as_contiguous(k, k.scalar_type()), vc = as_contiguous(v, v.scalar_type());
+  const at::Tensor slots = as_contiguous(slot_mapping, at::kLong);
   const int64_t T = kc.size(0), row = kc.numel() / std::max<int64_t>(1, T);
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
   const int64_t bytes = row * kc.element_size();
@@ -97,10 +105,10 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   if (k.has_value() && k->defined()) write_kv(*k, *v, k_cache, v_cache, *slot_mapping);
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t block_size = k_cache.size(1), Hkv = k_cache.size(2), G = H / Hkv;
-  const at::Tensor qf = q.to(at::kFloat).contiguous();
-  const at::Tensor tables = block_tables.to(at::kLong).contiguous();
-  const at::Tensor lens = seq_lens.to(at::kLong).contiguous();
-  const at::Tensor qsl = query_start_loc.to(at::kLong).contiguous();
+  const at::Tensor qf = as_contiguous(q, at::kFloat);
+  const at::Tensor tables = as_contiguous(block_tables, at::kLong);
+  const at::Tensor lens = as_contiguous(seq_lens, at::kLong);
+  const at::Tensor qsl = as_contiguous(query_start_loc, at::kLong);
   const int64_t R = lens.size(0), B = tables.size(1);
   const int64_t* lp = lens.data_ptr<int64_t>();
   const int64_t* qp = qsl.data_ptr<int64_t>();
@@ -161,7 +169,7 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
     }
     first = last;
   }
-  return out.to(q.scalar_type());
+  return q.scalar_type() == at::kFloat ? out : out.to(q.scalar_type());
 }
 
 std::string isa_name() { return isa_kernels().name; }

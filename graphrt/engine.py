@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,16 @@ from graphrt.runner.kv_cache import (
 from graphrt.runner.model_runner import ModelRunner
 from graphrt.runner.step_module import StepModule
 from graphrt.sampling_params import InvalidRequestError, SamplingParams
+from graphrt.serving_settings import (
+    GraphCacheMismatchError,
+    ServingSettings,
+    adopt,
+    differences,
+    mismatch_message,
+    model_identity,
+)
+from graphrt.user_cache import default_graph_cache_dir, remembered
+from graphrt.version import __version__
 
 
 class EngineStepError(RuntimeError):
@@ -47,10 +59,13 @@ class EngineStepError(RuntimeError):
 
 @dataclass(frozen=True)
 class EngineConfig:
+    """What the engine was asked for. None means unset: taken from a shipped graph cache's
+    recorded settings when there is one, else the default (serving_settings.DEFAULTS)."""
+
     model: Any = None
-    dtype: str = "float32"
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int = 256
+    dtype: str | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     cache: CacheConfig = field(default_factory=CacheConfig)
     seed: int = 0
@@ -60,8 +75,10 @@ class EngineConfig:
     backend: str = "inductor"  # inner backend of compiled graphs: inductor, eager, torchair
     passes_disabled: tuple[str, ...] = ()
     grammar_backend: str = "in-graph"  # or "xgrammar-cpu": the reference host round trip
-    graph_cache: str | None = None  # directory of precompiled graphs (AOTInductor packages)
+    # None: the per-user graph cache; a directory: a shipped (precompiled) one; False: none
+    graph_cache: str | bool | None = None
     strict_graph_cache: bool = False  # refuse, rather than rebuild, an untrustworthy entry
+    rebuild_graph_cache: bool = False  # build graphs a shipped cache lacks for the settings asked
 
 
 @dataclass(frozen=True)
@@ -84,7 +101,6 @@ class _Tracked:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.dtype = resolve_dtype(config.dtype)
         self._rng = random.Random(config.seed)
         self._ids = itertools.count()
         self._tracked: dict[str, _Tracked] = {}
@@ -94,58 +110,125 @@ class LLMEngine:
     # --- start-up, in this order ---------------------------------------------------------------
 
     def start(self) -> LLMEngine:
-        self.load()
+        t0 = time.perf_counter()
         self.open_graph_cache()
+        self.load()
+        self.configure()
+        t1 = time.perf_counter()
         if self.kv_budget() is None:  # only a budget that is a share of free memory needs the profile
-            self.profile_run()
+            self.activation_peak = remembered("profiles", self.profile_key(), self.profile_run)
         self.initialize_kv_cache()
+        t2 = time.perf_counter()
         self.capture_model()
+        self.record_settings()
+        self.startup_seconds = {"load": t1 - t0, "kv_cache": t2 - t1, "graphs": time.perf_counter() - t2}
         return self
 
     def open_graph_cache(self) -> None:
-        self.store = (
-            ArtifactStore(self.config.graph_cache, self.config.strict_graph_cache)
-            if self.config.graph_cache and self.config.compile
-            else None
-        )
-        # the weights fingerprint only keys the graph cache: not computed without one
-        self.model_key = (
-            model_key(self.loaded.config.to_dict(), self.dtype, self.step_module, self.block_size)
-            if self.store is not None
-            else None
-        )
-
-    def kv_budget(self) -> int | None:
-        """The KV cache's bytes when they are fixed: given, or those the shipped graphs were built
-        for (graphs are built for one KV cache shape); None means a share of free memory."""
-        if self.config.cache.kv_cache_memory is not None:
-            return self.config.cache.kv_cache_memory
-        if self.store is not None:
-            shipped = {
-                e.get("kv_num_blocks") for e in self.store.entries() if e.get("key", {}).get("model") == self.model_key
-            }
-            if len(shipped) == 1:
-                return shipped.pop() * bytes_per_block(self.loaded.config, self.block_size, self.dtype)
-        return None
+        """The graph store: the per-user cache by default, a shipped directory when given (its
+        recorded settings are read here), none when graphs are not AOTInductor packages."""
+        c = self.config
+        self.shipped_dir = isinstance(c.graph_cache, (str, os.PathLike))
+        uses_store = c.compile and c.backend == "inductor" and c.graph_cache is not False
+        root = os.fspath(c.graph_cache) if self.shipped_dir else default_graph_cache_dir()
+        self.store = ArtifactStore(root, c.strict_graph_cache) if uses_store else None
+        recorded = self.store.settings() if self.store is not None and self.shipped_dir else None
+        self.shipped = ServingSettings.from_dict(recorded) if recorded else None
 
     def load(self) -> None:
+        self.dtype = resolve_dtype(adopt(self.config.dtype, self.shipped, "dtype"))
         self.loaded: LoadedModel = load_model(self.config.model, self.dtype)
-        cfg = self.loaded.config
+
+    def configure(self) -> None:
+        """Settle every setting (given, else shipped, else default), check them against a shipped
+        graph cache, and build what depends on them: scheduler limits, step module, graph cache."""
+        c, shipped, cfg = self.config, self.shipped, self.loaded.config
         limit = cfg.max_position_embeddings
-        self.max_model_len = min(limit, 2048) if self.config.max_model_len is None else self.config.max_model_len
+        if c.max_model_len is not None:
+            self.max_model_len = c.max_model_len
+        elif shipped is not None and shipped.max_model_len <= limit:
+            self.max_model_len = shipped.max_model_len
+        else:
+            self.max_model_len = min(limit, 2048)
         if self.max_model_len > limit or self.max_model_len < 2:
             raise ValueError(f"max_model_len={self.max_model_len} must lie in [2, {limit}] for this model")
-        self.sched_config = SchedulerConfig(
-            self.config.max_num_seqs, min(self.config.max_num_batched_tokens, self.max_model_len), self.max_model_len
+        num_seqs = adopt(c.max_num_seqs, shipped, "max_num_seqs")
+        num_tokens = adopt(c.max_num_batched_tokens, shipped, "max_num_batched_tokens")
+        self.block_size = adopt(c.cache.block_size, shipped, "block_size")
+        self.sched_config = SchedulerConfig(num_seqs, min(num_tokens, self.max_model_len), self.max_model_len)
+        if c.capture_sizes is not None:
+            sizes = c.capture_sizes
+        elif shipped is not None and (num_seqs, num_tokens) == (shipped.max_num_seqs, shipped.max_num_batched_tokens):
+            sizes = shipped.capture_sizes
+        else:
+            sizes = CaptureSizes.default(num_seqs, self.sched_config.max_num_batched_tokens)
+        self.settings = ServingSettings(
+            model_identity(cfg.to_dict()),
+            str(self.dtype).removeprefix("torch."),
+            self.block_size,
+            num_seqs,
+            num_tokens,
+            self.max_model_len,
+            sizes,
+            None,
+            tuple(sorted(c.passes_disabled)),
+            c.grammar_backend,
         )
-        self.block_size = self.config.cache.block_size
         self.max_blocks = -(-self.max_model_len // self.block_size)
-        self.step_module = StepModule(self.loaded.model, self.block_size, self.config.grammar_backend)
+        self.step_module = StepModule(self.loaded.model, self.block_size, c.grammar_backend)
         self.grammar_compiler: GrammarCompiler | None = None  # built on the first constrained request
-        sizes = self.config.capture_sizes or CaptureSizes.default(
-            self.sched_config.max_num_seqs, self.sched_config.max_num_batched_tokens
+        self.graphs = GraphCache(sizes, num_seqs, self.max_blocks, -(-cfg.vocab_size // 32))
+        if shipped is not None and not c.rebuild_graph_cache:
+            self._check_shipped_settings()
+        self.model_key = (
+            model_key(cfg.to_dict(), self.dtype, self.step_module, self.block_size) if self.store is not None else None
         )
-        self.graphs = GraphCache(sizes, self.sched_config.max_num_seqs, self.max_blocks, -(-cfg.vocab_size // 32))
+
+    def _check_shipped_settings(self) -> None:
+        """A shipped cache never compiles silently because of a setting: name each one that would
+        make graphs the cache lacks, with the number of graphs."""
+        diffs = differences(self.settings, self.shipped)
+        if not diffs:
+            return
+        changes_code = {"model", "dtype", "block_size", "passes_disabled", "grammar_backend"}
+        if any(d.split(":")[0] in changes_code for d in diffs):
+            missing = len(self.graphs.keys())
+        else:  # other sizes or row counts: the graphs not among the shipped ones
+            shipped = GraphCache(self.shipped.capture_sizes, self.shipped.max_num_seqs, 1, 1).keys()
+            missing = len(set(self.graphs.keys()) - set(shipped))
+        if missing:
+            raise GraphCacheMismatchError(mismatch_message(self.store.root, diffs, missing))
+
+    def record_settings(self) -> None:
+        """A directory given as a graph cache keeps the settings it was filled with (first fill, or
+        a knowing rebuild), so that later engines can adopt them."""
+        if self.store is None or not self.shipped_dir or not self.config.compile:
+            return
+        if self.shipped is None or self.config.rebuild_graph_cache:
+            settings = dataclasses.replace(self.settings, kv_num_blocks=self.kv_plan.num_blocks)
+            self.store.record_settings(settings.to_dict())
+
+    def kv_budget(self) -> int | None:
+        """The KV cache's bytes when they are fixed: given, or the size a shipped cache was built
+        with (its default); None means a share of free memory."""
+        if self.config.cache.kv_cache_memory is not None:
+            return self.config.cache.kv_cache_memory
+        if self.shipped is not None and self.shipped.kv_num_blocks and self.shipped.block_size == self.block_size:
+            return self.shipped.kv_num_blocks * bytes_per_block(self.loaded.config, self.block_size, self.dtype)
+        return None
+
+    def profile_key(self) -> dict:
+        """What the worst-case step's memory depends on (measured once, then remembered)."""
+        s = self.sched_config
+        return {
+            "model": self.settings.model,
+            "dtype": self.settings.dtype,
+            "tokens": s.max_num_batched_tokens,
+            "seqs": s.max_num_seqs,
+            "max_blocks": self.max_blocks,
+            "grammar_backend": self.config.grammar_backend,
+            "graphrt": __version__,
+        }
 
     def profile_run(self) -> int:
         """Run one dummy step at the largest batch and token budget (one long prefill row, the
@@ -173,7 +256,7 @@ class LLMEngine:
         return self.activation_peak
 
     def initialize_kv_cache(self) -> KVCachePlan:
-        cache = dataclasses.replace(self.config.cache, kv_cache_memory=self.kv_budget())
+        cache = dataclasses.replace(self.config.cache, block_size=self.block_size, kv_cache_memory=self.kv_budget())
         self.kv_plan = plan_kv_cache(self.loaded.config, cache, self.dtype, self.max_model_len, self.activation_peak)
         self.kv_caches = allocate_kv_caches(self.loaded.config, self.kv_plan.num_blocks, self.block_size, self.dtype)
         self.blocks = BlockManager(self.kv_plan.num_blocks, self.block_size, self.config.cache.enable_prefix_caching)

@@ -20,13 +20,13 @@ class LLM:
     def __init__(
         self,
         model: Any = None,
-        dtype: str = "float32",
-        max_num_seqs: int = 8,
-        max_num_batched_tokens: int = 256,
+        dtype: str | None = None,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
         max_model_len: int | None = None,
         kv_cache_memory: int | None = None,
         kv_cache_fraction: float = 0.1,
-        block_size: int = 16,
+        block_size: int | None = None,
         enable_prefix_caching: bool = True,
         seed: int = 0,
         capture_sizes: CaptureSizes | None = None,
@@ -34,10 +34,15 @@ class LLM:
         backend: str = "inductor",
         passes_disabled: Sequence[str] = (),
         progress: bool = True,
-        graph_cache: str | None = None,
+        graph_cache: str | bool | None = None,
         strict_graph_cache: bool = False,
         grammar_backend: str = "in-graph",
+        rebuild_graph_cache: bool = False,
     ) -> None:
+        """Load ``model`` and start serving it. Settings left as None come from a shipped graph
+        cache (``graph_cache=DIR``, as ``graphrt precompile`` wrote it) when there is one, else
+        from the defaults: float32, 8 sequences, 256 batched tokens, blocks of 16 tokens.
+        ``graph_cache``: None keeps compiled graphs in the per-user cache, False keeps none."""
         cache = CacheConfig(block_size, kv_cache_memory, kv_cache_fraction, enable_prefix_caching)
         config = EngineConfig(
             model,
@@ -55,6 +60,7 @@ class LLM:
             grammar_backend,
             graph_cache,
             strict_graph_cache,
+            rebuild_graph_cache,
         )
         self.engine = LLMEngine(config).start()
 

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
 from typing import Any
-
-from graphrt.kernels.native_library import cache_root
 
 
 class Tokenizer:
@@ -33,27 +28,10 @@ class Tokenizer:
 
 
 def load_hf_tokenizer(model_dir: str, gguf_file: str | None = None) -> Tokenizer:
+    """From a directory of tokenizer files, or built from a GGUF file's metadata (seconds: the
+    weights cache keeps the result)."""
     from transformers import AutoTokenizer
 
     if not gguf_file:
         return Tokenizer(AutoTokenizer.from_pretrained(model_dir))
-    # Building a tokenizer from GGUF metadata re-reads the whole file (seconds): keep the result,
-    # keyed by the file's identity, and load that next time.
-    path = os.path.abspath(os.path.join(model_dir, gguf_file))
-    st = os.stat(path)
-    key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:24]
-    cached = os.path.join(cache_root(), "tokenizers", key)  # the per-user cache the native kernels use
-    if os.path.exists(os.path.join(cached, "tokenizer_config.json")):
-        try:
-            return Tokenizer(AutoTokenizer.from_pretrained(cached))
-        except Exception:  # a broken cache entry: rebuild it below
-            pass
-    tok = AutoTokenizer.from_pretrained(model_dir, gguf_file=gguf_file)
-    try:
-        tmp = f"{cached}.tmp-{os.getpid()}"
-        tok.save_pretrained(tmp)
-        os.makedirs(os.path.dirname(cached), exist_ok=True)
-        os.replace(tmp, cached) if not os.path.exists(cached) else shutil.rmtree(tmp, ignore_errors=True)
-    except OSError:
-        pass  # a read-only home: the cache is an optimisation only
-    return Tokenizer(tok)
+    return Tokenizer(AutoTokenizer.from_pretrained(model_dir, gguf_file=gguf_file))

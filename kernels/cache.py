@@ -3,9 +3,9 @@
 import torch
 
 from graphrt.kernels import checks
+from graphrt.kernels.op_library import define
 
 
-@torch.library.custom_op("graphrt::slot_mapping", mutates_args=())
 def _slot_mapping(
     positions: torch.Tensor, token_req: torch.Tensor, block_tables: torch.Tensor, block_size: int
 ) -> torch.Tensor:
@@ -16,9 +16,15 @@ def _slot_mapping(
     return torch.where(valid, slots, -1)
 
 
-@_slot_mapping.register_fake
-def _(positions, token_req, block_tables, block_size):
+def _slot_mapping_fake(positions, token_req, block_tables, block_size):
     return torch.empty(positions.shape, dtype=torch.int64, device=positions.device)
+
+
+define(
+    "slot_mapping(Tensor positions, Tensor token_req, Tensor block_tables, int block_size) -> Tensor",
+    _slot_mapping,
+    _slot_mapping_fake,
+)
 
 
 @torch.library.custom_op("graphrt::reshape_and_cache", mutates_args=("k_cache", "v_cache"))

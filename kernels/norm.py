@@ -4,19 +4,24 @@ import torch
 
 from graphrt.kernels import checks
 from graphrt.kernels.canonical import rms_norm as _rms  # the CPU body is the canonical computation
+from graphrt.kernels.op_library import define
 
 
-@torch.library.custom_op("graphrt::rms_norm", mutates_args=())
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _rms(x, weight, eps)
 
 
-@_rms_norm.register_fake
-def _(x, weight, eps):
+def _rms_norm_fake(x, weight, eps):
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("graphrt::fused_add_rms_norm", mutates_args=())
+define(
+    "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
+    _rms_norm,
+    _rms_norm_fake,
+)
+
+
 def _fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -24,9 +29,15 @@ def _fused_add_rms_norm(
     return _rms(new_residual, weight, eps), new_residual
 
 
-@_fused_add_rms_norm.register_fake
-def _(x, residual, weight, eps):
+def _fused_add_rms_norm_fake(x, residual, weight, eps):
     return torch.empty_like(x), torch.empty_like(x)
+
+
+define(
+    "fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+    _fused_add_rms_norm,
+    _fused_add_rms_norm_fake,
+)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:

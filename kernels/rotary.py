@@ -3,6 +3,7 @@
 import torch
 
 from graphrt.kernels import checks
+from graphrt.kernels.op_library import define
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
@@ -17,7 +18,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
     return torch.cat((out.to(x.dtype), x[..., rot:]), dim=-1)
 
 
-@torch.library.custom_op("graphrt::rotary_embedding", mutates_args=())
 def _rotary_embedding(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,9 +26,15 @@ def _rotary_embedding(
     return _rotate(q, cos, sin, is_neox), _rotate(k, cos, sin, is_neox)
 
 
-@_rotary_embedding.register_fake
-def _(positions, q, k, cos_sin_cache, is_neox):
+def _rotary_embedding_fake(positions, q, k, cos_sin_cache, is_neox):
     return torch.empty_like(q), torch.empty_like(k)
+
+
+define(
+    "rotary_embedding(Tensor positions, Tensor q, Tensor k, Tensor cos_sin_cache, bool is_neox) -> (Tensor, Tensor)",
+    _rotary_embedding,
+    _rotary_embedding_fake,
+)
 
 
 def rotary_embedding(

@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from graphrt.kernels import checks
+from graphrt.kernels.op_library import define
 from graphrt.kernels.rng import row_uniform
 
 # --- bitmask --------------------------------------------------------------------------------
@@ -22,7 +23,6 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return allowed[:, :vocab_size]
 
 
-@torch.library.custom_op("graphrt::apply_token_bitmask", mutates_args=())
 def _apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: Optional[torch.Tensor]) -> torch.Tensor:
     rows = indices.long() if indices is not None else torch.arange(bitmask.shape[0])
     allowed = unpack_bitmask(bitmask[rows], logits.shape[1])
@@ -31,9 +31,15 @@ def _apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: O
     return out
 
 
-@_apply_token_bitmask.register_fake
-def _(logits, bitmask, indices):
+def _apply_token_bitmask_fake(logits, bitmask, indices):
     return torch.empty_like(logits)
+
+
+define(
+    "apply_token_bitmask(Tensor logits, Tensor bitmask, Tensor? indices) -> Tensor",
+    _apply_token_bitmask,
+    _apply_token_bitmask_fake,
+)
 
 
 def apply_token_bitmask(
@@ -90,7 +96,6 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, target, right=True)[:, 0].clamp(max=probs.shape[1] - 1)
 
 
-@torch.library.custom_op("graphrt::sample", mutates_args=())
 def _sample(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -114,13 +119,20 @@ def _sample(
     return tokens, logprobs
 
 
-@_sample.register_fake
-def _(logits, temperature, top_k, top_p, min_p, seeds, offsets, bitmask):
+def _sample_fake(logits, temperature, top_k, top_p, min_p, seeds, offsets, bitmask):
     n = logits.shape[0]
     return (
         torch.empty(n, dtype=torch.int64, device=logits.device),
         torch.empty(n, dtype=torch.float32, device=logits.device),
     )
+
+
+define(
+    "sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, Tensor seeds, "
+    "Tensor offsets, Tensor? bitmask) -> (Tensor, Tensor)",
+    _sample,
+    _sample_fake,
+)
 
 
 def _check_rows(n: int, **tensors: torch.Tensor) -> None:
@@ -160,7 +172,6 @@ def sample(
 # --- rejection sampling ---------------------------------------------------------------------
 
 
-@torch.library.custom_op("graphrt::rejection_sample", mutates_args=())
 def _rejection_sample(
     draft_token_ids: torch.Tensor,
     num_draft_tokens: torch.Tensor,
@@ -210,10 +221,17 @@ def _rejection_sample(
     return out
 
 
-@_rejection_sample.register_fake
-def _(draft_token_ids, num_draft_tokens, draft_probs, target_logits, temperature, seeds, offsets):
+def _rejection_sample_fake(draft_token_ids, num_draft_tokens, draft_probs, target_logits, temperature, seeds, offsets):
     n, k = draft_token_ids.shape
     return torch.empty((n, k + 1), dtype=torch.int64, device=draft_token_ids.device)
+
+
+define(
+    "rejection_sample(Tensor draft_token_ids, Tensor num_draft_tokens, Tensor? draft_probs, "
+    "Tensor target_logits, Tensor temperature, Tensor seeds, Tensor offsets) -> Tensor",
+    _rejection_sample,
+    _rejection_sample_fake,
+)
 
 
 def rejection_sample(

@@ -8,6 +8,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import subprocess
 
 import torch
@@ -17,9 +18,9 @@ from graphrt.version import __version__, source_hash
 
 @functools.lru_cache(maxsize=1)
 def compiler_version() -> str:
-    from torch._inductor.cpp_builder import get_cpp_compiler
-
-    cc = get_cpp_compiler()
+    """The C++ compiler Inductor builds with on Linux ($CXX, else g++), found without importing
+    Inductor (a second of start-up for an engine that only loads packages)."""
+    cc = shutil.which(os.environ.get("CXX", "g++")) or os.environ.get("CXX", "g++")
     try:
         out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
         return f"{cc}: {out.splitlines()[0] if out else '?'}"

@@ -67,16 +67,30 @@ class ArtifactStore:
             self._problem(f"manifest.json is unreadable ({e})")
             return {"format": MANIFEST_FORMAT, "entries": {}}
 
-    def lookup(self, key: dict) -> tuple[str, dict] | None:
-        """The verified artifact path and its entry for this key, or None."""
+    def has(self, key: dict) -> bool:
+        """Whether an entry of the right size is filed under this key (no hashing, no reports)."""
+        entry = self.read_manifest()["entries"].get(entry_id(key))
+        if entry is None or entry.get("key") != key:
+            return False
+        path = os.path.join(self.root, entry["file"])
+        return os.path.exists(path) and os.path.getsize(path) == entry["size"]
+
+    def explain_miss(self, key: dict) -> None:
+        """Report why a key has no entry when entries for the same graph exist (a stale cache)."""
+        stale = [e for e in self.entries() if e.get("key", {}).get("graph") == key.get("graph")]
+        if stale:
+            diff = sorted(k for k in key if stale[0].get("key", {}).get(k) != key[k])
+            self._problem(f"no entry for graph {key.get('graph')}: cached entries differ in {diff}")
+
+    def lookup(self, key: dict, quiet: bool = False) -> tuple[str, dict] | None:
+        """The verified artifact path and its entry for this key, or None. ``quiet``: a key with
+        no entry is not reported (a damaged entry always is)."""
         eid = entry_id(key)
         entries = self.read_manifest()["entries"]
         entry = entries.get(eid)
         if entry is None:
-            stale = [e for e in entries.values() if e.get("key", {}).get("graph") == key.get("graph")]
-            if stale:
-                diff = sorted(k for k in key if stale[0].get("key", {}).get(k) != key[k])
-                self._problem(f"no entry for graph {key.get('graph')}: cached entries differ in {diff}")
+            if not quiet:
+                self.explain_miss(key)
             return None
         if entry.get("key") != key:
             self._problem(f"entry {eid[:12]} does not hold the key it is filed under (edited manifest)")
@@ -103,6 +117,13 @@ class ArtifactStore:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
+    def _write_manifest(self, manifest: dict) -> None:
+        """Replace the manifest atomically; call under the lock."""
+        fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=self.root)
+        with os.fdopen(fd, "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True, default=str)
+        os.replace(tmp, self.manifest_path)
+
     def put(self, key: dict, build: Callable[[str], None], extra: dict) -> tuple[str, dict]:
         """Build an artifact into a temporary file, then publish file and entry atomically."""
         eid = entry_id(key)
@@ -117,11 +138,39 @@ class ArtifactStore:
                 os.replace(tmp, os.path.join(self.root, rel))
                 manifest = self.read_manifest()
                 manifest["entries"][eid] = entry
-                fd, mtmp = tempfile.mkstemp(prefix=".manifest-", dir=self.root)
-                with os.fdopen(fd, "w") as f:
-                    json.dump(manifest, f, indent=1, sort_keys=True, default=str)
-                os.replace(mtmp, self.manifest_path)
+                self._write_manifest(manifest)
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
         return os.path.join(self.root, rel), entry
+
+    # --- the serving settings a shipped cache was built with ------------------------------------
+
+    def settings(self) -> dict | None:
+        """The engine settings recorded by the build that filled this directory, if any."""
+        return self.read_manifest().get("settings")
+
+    def record_settings(self, settings: dict) -> None:
+        with self._locked():
+            manifest = self.read_manifest()
+            manifest["settings"] = settings
+            self._write_manifest(manifest)
+
+    # --- housekeeping ---------------------------------------------------------------------------
+
+    def size_bytes(self) -> int:
+        return sum(e.get("size", 0) for e in self.entries())
+
+    def clear(self) -> int:
+        """Remove every entry and artifact; returns the bytes freed."""
+        with self._locked():
+            freed = 0
+            graphs = os.path.join(self.root, "graphs")
+            for name in os.listdir(graphs):
+                if name.startswith("."):  # another process's artifact being written
+                    continue
+                path = os.path.join(graphs, name)
+                freed += os.path.getsize(path)
+                os.remove(path)
+            self._write_manifest({"format": MANIFEST_FORMAT, "entries": {}})
+        return freed

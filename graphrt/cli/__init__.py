@@ -1,11 +1,11 @@
-"""The ``graphrt`` command line: generate (and, as they land, precompile and bench)."""
+"""The ``graphrt`` command line: generate, precompile, bench, cache."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from graphrt.cli import bench, generate, precompile
+from graphrt.cli import bench, cache, generate, precompile
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_parser(sub)
     precompile.add_parser(sub)
     bench.add_parser(sub)
+    cache.add_parser(sub)
     return parser
 
 

@@ -11,16 +11,27 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="Hugging Face directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
     )
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--max-num-seqs", type=int, default=8)
-    p.add_argument("--max-num-batched-tokens", type=int, default=128)
+    unset = "default: a shipped graph cache's setting, else "
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help=unset + "float32")
+    p.add_argument("--max-num-seqs", type=int, default=None, help=unset + "8")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help=unset + "256")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-compile", action="store_true", help="run eagerly, without compiled graphs")
     p.add_argument("--backend", default="inductor", choices=["inductor", "eager", "torchair"])
     p.add_argument("--passes-disabled", default="", help="comma-separated pass names to switch off")
-    p.add_argument("--graph-cache", default=None, help="directory of precompiled graphs (graphrt precompile)")
+    p.add_argument(
+        "--graph-cache",
+        default=None,
+        help="directory of precompiled graphs (graphrt precompile); default: the per-user graph cache",
+    )
+    p.add_argument("--no-graph-cache", action="store_true", help="keep no compiled graphs on disk")
+    p.add_argument(
+        "--rebuild-graph-cache",
+        action="store_true",
+        help="build the graphs a shipped graph cache lacks for settings other than its own",
+    )
     p.add_argument(
         "--strict-graph-cache",
         action="store_true",
@@ -40,6 +51,7 @@ def llm_kwargs(args: argparse.Namespace) -> dict:
         compile=not args.no_compile,
         backend=args.backend,
         passes_disabled=[p for p in args.passes_disabled.split(",") if p],
-        graph_cache=args.graph_cache,
+        graph_cache=False if args.no_graph_cache else args.graph_cache,
         strict_graph_cache=args.strict_graph_cache,
+        rebuild_graph_cache=args.rebuild_graph_cache,
     )

@@ -44,10 +44,13 @@ def run(args: argparse.Namespace) -> int:
     kwargs = llm_kwargs(args)
     kwargs["grammar_backend"] = args.grammar_backend
     # One-shot generation needs two graphs: the prefill at the token budget and the decode of
-    # this many prompts (each cold compile costs tens of seconds on a small CPU).
+    # this many prompts (each cold compile costs tens of seconds on a small CPU; the per-user
+    # graph cache keeps them for the next run).
     if not args.graph_cache:  # a shipped graph cache brings its own sizes
+        kwargs["max_num_batched_tokens"] = kwargs["max_num_batched_tokens"] or 128
+        num_seqs = kwargs["max_num_seqs"] or 8
         kwargs["capture_sizes"] = CaptureSizes(
-            decode=(min(kwargs["max_num_seqs"], len(prompts)),), mixed=(kwargs["max_num_batched_tokens"],)
+            decode=(min(num_seqs, len(prompts)),), mixed=(kwargs["max_num_batched_tokens"],)
         )
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
@@ -67,28 +70,27 @@ def run(args: argparse.Namespace) -> int:
         choice=args.choice,
     )
     t1 = time.perf_counter()
-    if args.stream:
-        counts = [0] * len(prompts)
-        for ev in llm.generate_stream(prompts, params, chat=chat):
-            counts[ev.index] += len(ev.token_ids)
+    first_token_s = None
+    texts, tokens = [""] * len(prompts), [[] for _ in prompts]
+    for ev in llm.generate_stream(prompts, params, chat=chat):
+        if first_token_s is None and ev.token_ids:
+            first_token_s = time.perf_counter() - t1
+        tokens[ev.index].extend(ev.token_ids)
+        texts[ev.index] += ev.text
+        if args.stream:
             prefix = f"[{ev.index}] " if len(prompts) > 1 else ""
             sys.stdout.write(f"{prefix}{ev.text}" if ev.text else "")
             if ev.finish_reason:
                 sys.stdout.write("\n")
             sys.stdout.flush()
-        num_tokens = sum(counts)
-    else:
-        outputs = llm.generate(prompts, params, use_tqdm=False, chat=chat)
-        for i, out in enumerate(outputs):
+    if not args.stream:
+        for i, text in enumerate(texts):
             if len(prompts) > 1:
                 print(f"--- prompt {i}: {prompts[i]!r}")
-            print(out.text if llm.tokenizer is not None else out.token_ids)
-        num_tokens = sum(len(o.token_ids) for o in outputs)
+            print(text if llm.tokenizer is not None else tokens[i])
     gen_s = time.perf_counter() - t1
-    print(
-        f"[graphrt] {num_tokens} tokens in {gen_s:.2f} s: {num_tokens / gen_s:.1f} tokens/s (start-up {start_s:.1f} s)",
-        file=sys.stderr,
-    )
+    num_tokens = sum(len(t) for t in tokens)
+    print(summary(llm, num_tokens, gen_s, start_s, first_token_s or 0.0), file=sys.stderr)
     if args.verbose:
         for rec in llm.capture_report():
             print(
@@ -99,3 +101,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"[graphrt] passes {line}", file=sys.stderr)
         print(f"[graphrt] stats: {llm.stats()}", file=sys.stderr)
     return 0
+
+
+def summary(llm, num_tokens: int, gen_s: float, start_s: float, first_token_s: float) -> str:
+    """One line: speed, then where the start-up went."""
+    hows = [r.how for r in llm.capture_report()]
+    t = llm.engine.startup_seconds
+    graphs = f"{hows.count('loaded')} loaded, {hows.count('compiled')} compiled"
+    return (
+        f"[graphrt] {num_tokens} tokens at {num_tokens / max(gen_s, 1e-9):.1f} tokens/s | start-up {start_s:.1f} s: "
+        f"load {t['load']:.1f} s, graphs {t['graphs']:.1f} s ({graphs}), first token {first_token_s:.2f} s"
+    )

@@ -40,9 +40,10 @@ def run(args: argparse.Namespace) -> int:
     from graphrt.runner.graph_cache import CaptureSizes
 
     kwargs = llm_kwargs(args)
-    kwargs.update(graph_cache=args.out, compile=True)
+    # precompile builds knowingly: whatever the directory held, it now holds these settings' graphs
+    kwargs.update(graph_cache=args.out, compile=True, rebuild_graph_cache=True)
     if args.capture_sizes is not None or args.mixed_sizes is not None:
-        default = CaptureSizes.default(args.max_num_seqs, args.max_num_batched_tokens)
+        default = CaptureSizes.default(args.max_num_seqs or 8, args.max_num_batched_tokens or 256)
         kwargs["capture_sizes"] = CaptureSizes(
             decode=default.decode if args.capture_sizes is None else args.capture_sizes,
             mixed=default.mixed if args.mixed_sizes is None else args.mixed_sizes,

@@ -4,6 +4,7 @@ with a graph cache, store it there first)."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 
@@ -17,9 +18,13 @@ from graphrt.passes import PassManager
 from graphrt.runner.graph_key import GraphKey
 from graphrt.runner.input_buffers import ARG_NAMES, InputBuffers
 
+log = logging.getLogger("graphrt.compiler")
 
-def describe(t: torch.Tensor) -> str:
-    return f"{tuple(t.shape)}:{t.dtype}"
+
+def describe(t: torch.Tensor, free: dict[int, str] | None = None) -> str:
+    free = free or {}
+    shape = ",".join("*" if d in free else str(n) for d, n in enumerate(t.shape))
+    return f"({shape}):{t.dtype}"
 
 
 @dataclass
@@ -29,6 +34,7 @@ class LoadedGraph:
     name: str
     fn: object
     inputs: list[torch.Tensor]
+    gm: torch.fx.GraphModule | None = None  # the rewritten graph, when this process built it
 
     def __call__(self):
         return self.fn(*self.inputs)
@@ -49,22 +55,35 @@ class GraphBuilder:
         self.model_key = model_key
         self.weights = dict([*step.named_parameters(), *step.named_buffers()])
 
-    def signature(self, bufs: InputBuffers) -> dict:
+    def signature(self, bufs: InputBuffers, free: bool) -> dict:
+        """Shapes and dtypes of every input; with ``free``, the sizes a package leaves free are *."""
+        kv = self.kv_caches[0][0]
+        width = bufs.block_tables.shape[1]
+        arg_free = {"block_tables": {1: "max_blocks"}} if free and width >= 2 else {}
         return {
-            "args": {n: describe(t) for n, t in zip(ARG_NAMES, bufs.args())},
-            "kv_caches": [describe(self.kv_caches[0][0]), len(self.kv_caches)],
+            "args": {n: describe(t, arg_free.get(n)) for n, t in zip(ARG_NAMES, bufs.args())},
+            "kv_caches": [describe(kv, {0: "num_blocks"} if free and kv.shape[0] >= 2 else None), len(self.kv_caches)],
             "weights": {n: describe(t) for n, t in self.weights.items()},
         }
 
-    def cache_key(self, key: GraphKey, bufs: InputBuffers) -> dict:
+    def cache_key(self, key: GraphKey, bufs: InputBuffers, free: bool = True) -> dict:
         key = {
             "graph": key.name,
             "model": self.model_key,
             "passes": self.passes.uuid(),
-            "inputs": self.signature(bufs),
+            "inputs": self.signature(bufs, free),
             **environment(),
         }
         return json.loads(json.dumps(key, sort_keys=True, default=str))  # the form the manifest keeps
+
+    def cached(self, key: GraphKey, bufs: InputBuffers) -> tuple[str, dict] | None:
+        """The verified entry for this key: one with free sizes, else one built for these sizes."""
+        for free in (True, False):
+            hit = self.store.lookup(self.cache_key(key, bufs, free), quiet=True)
+            if hit is not None:
+                return hit
+        self.store.explain_miss(self.cache_key(key, bufs, True))
+        return None
 
     def build(self, key: GraphKey, bufs: InputBuffers):
         """Returns (graph, "compiled" | "loaded", seconds)."""
@@ -72,17 +91,29 @@ class GraphBuilder:
         if self.store is None:
             graph = capture(self.step, bufs.args(), self.kv_caches, self.passes, self.backend, key.name)
             return graph, "compiled", time.perf_counter() - start
-        ckey = self.cache_key(key, bufs)
-        hit = self.store.lookup(ckey)
-        how = "loaded"
+        hit = self.cached(key, bufs)
+        gm = None
         if hit is None:
             graph = capture(self.step, bufs.args(), self.kv_caches, self.passes, "eager", key.name)
-            extra = {"sources": graph.sources, "kv_num_blocks": int(self.kv_caches[0][0].shape[0])}
-            hit = self.store.put(ckey, lambda tmp: aoti.build_package(graph.gm, graph.inputs, tmp), extra)
-            how = "compiled"
+            hit = self.store_package(key, bufs, graph)
+            gm = graph.gm
         path, entry = hit
         inputs = [self.resolve(tuple(s), bufs) for s in entry["sources"]]
-        return LoadedGraph(key.name, aoti.load_package(path), inputs), how, time.perf_counter() - start
+        how = "loaded" if gm is None else "compiled"
+        return LoadedGraph(key.name, aoti.load_package(path), inputs, gm), how, time.perf_counter() - start
+
+    def store_package(self, key: GraphKey, bufs: InputBuffers, graph) -> tuple[str, dict]:
+        """Build the package with the KV and block-table sizes free; a graph whose code came to
+        depend on them (an unfused spelling, say) is built for these sizes and keyed by them."""
+        extra = {"sources": graph.sources, "kv_num_blocks": int(self.kv_caches[0][0].shape[0])}
+        free = aoti.free_dims(graph.sources, graph.inputs)
+        ckey = self.cache_key(key, bufs, True)
+        try:
+            return self.store.put(ckey, lambda tmp: aoti.build_package(graph.gm, graph.inputs, tmp, free), extra)
+        except Exception as e:  # export could not keep the sizes free
+            log.warning("graph %s: KV and block-table sizes cannot stay free (%s); built for these sizes", key.name, e)
+            ckey = self.cache_key(key, bufs, False)
+            return self.store.put(ckey, lambda tmp: aoti.build_package(graph.gm, graph.inputs, tmp), extra)
 
     def resolve(self, source: tuple, bufs: InputBuffers) -> torch.Tensor:
         kind = source[0]

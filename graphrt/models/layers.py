@@ -23,7 +23,8 @@ class RMSNorm(nn.Module):
 
 def rope_inv_freq(rope: RopeConfig, rotary_dim: int) -> torch.Tensor:
     """Inverse frequencies [rotary_dim // 2] for the rope types graphrt supports."""
-    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    # on the CPU even while a model is built on the meta device (meta math imports the compiler)
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device="cpu").float() / rotary_dim
     inv_freq = 1.0 / (rope.theta**exponents)
     if rope.type == "linear":
         return inv_freq / rope.factor

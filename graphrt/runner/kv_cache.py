@@ -17,13 +17,13 @@ class KVCacheTooSmallError(ValueError):
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16
+    block_size: int | None = None  # None: the shipped graph cache's, else 16
     kv_cache_memory: int | None = None  # bytes; None = kv_cache_fraction of available memory
     kv_cache_fraction: float = 0.1
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
-        if self.block_size < 1:
+        if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"block_size={self.block_size} must be >= 1")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory={self.kv_cache_memory} must be a positive number of bytes")

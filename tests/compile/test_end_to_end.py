@@ -26,9 +26,9 @@ def op_counts(llm):
 
 
 @pytest.mark.parametrize("name", ["llama_gqa", "qwen2_tied", "qwen3"])
-def test_compiled_graphs_are_fused_and_exact(tiny_model, name):
+def test_compiled_graphs_are_fused_and_exact(tiny_model, name, tmp_path):
     path = tiny_model(name)
-    compiled = graphrt.LLM(path, progress=False, **OPTS)
+    compiled = graphrt.LLM(path, progress=False, graph_cache=str(tmp_path / "graphs"), **OPTS)
     stats = compiled.stats()
     assert stats["compiles"] == 2
     layers = compiled.engine.loaded.config.num_layers

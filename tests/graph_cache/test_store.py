@@ -174,3 +174,98 @@ def test_another_source_hash_rebuilds_and_the_same_loads(shipped, tmp_path, monk
     monkeypatch.setattr(cache_key, "source_hash", lambda: "0" * 64)
     edited = graphrt.LLM(path, graph_cache=cache, **OPTS)
     assert [r.how for r in edited.capture_report()] == ["compiled"]
+
+
+# --- the settings a shipped cache carries ---------------------------------------------------------
+
+
+def entry_files(cache):
+    return sorted(os.listdir(os.path.join(cache, "graphs")))
+
+
+def test_a_shipped_cache_records_its_settings_and_an_engine_adopts_them(shipped, tmp_path):
+    path, out = shipped
+    recorded = json.load(open(os.path.join(out, "manifest.json")))["settings"]
+    assert recorded["max_num_seqs"] == 2 and recorded["max_num_batched_tokens"] == 16
+    assert recorded["capture_sizes"] == {"decode": [2], "mixed": []} and recorded["dtype"] == "float32"
+    assert recorded["block_size"] == 16 and recorded["kv_num_blocks"] > 0
+    llm = graphrt.LLM(path, graph_cache=out, progress=False)  # no settings: the cache's
+    s = llm.engine.settings
+    assert (s.max_num_seqs, s.max_num_batched_tokens, s.capture_sizes) == (2, 16, CaptureSizes((2,), ()))
+    assert llm.engine.kv_plan.num_blocks == recorded["kv_num_blocks"]
+    assert [r.how for r in llm.capture_report()] == ["loaded"] and llm.stats()["compiles"] == 0
+    eager = make_llm(path, **{k: v for k, v in OPTS.items() if k != "capture_sizes"})
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == [
+        o.token_ids for o in eager.generate(PROMPTS, GREEDY)
+    ]
+
+
+@pytest.mark.parametrize(
+    "asked, names",
+    [
+        (dict(max_num_seqs=4), ["max_num_seqs: asked 4, the graph cache was built with 2", "capture_sizes"]),
+        (dict(dtype="bfloat16"), ["dtype: asked 'bfloat16', the graph cache was built with 'float32'"]),
+        (dict(block_size=8), ["block_size: asked 8, the graph cache was built with 16"]),
+    ],
+)
+def test_settings_that_change_graphs_are_refused_by_name_and_nothing_compiles(shipped, asked, names):
+    from torch._dynamo.utils import counters
+
+    from graphrt.serving_settings import GraphCacheMismatchError
+
+    path, out = shipped
+    files, graphs_before = entry_files(out), counters["stats"]["unique_graphs"]
+    with pytest.raises(GraphCacheMismatchError) as e:
+        graphrt.LLM(path, graph_cache=out, progress=False, **asked)
+    for name in names:
+        assert name in str(e.value)
+    assert "would have to be built" in str(e.value) and "rebuild_graph_cache=True" in str(e.value)
+    assert entry_files(out) == files and counters["stats"]["unique_graphs"] == graphs_before
+
+
+def test_a_mismatch_says_how_many_graphs_it_would_build(shipped):
+    from graphrt.serving_settings import GraphCacheMismatchError
+
+    path, out = shipped
+    with pytest.raises(GraphCacheMismatchError, match=r"\n3 graph\(s\) would have to be built"):
+        # decode sizes 1, 2, 4 and mixed 16 for max_num_seqs=4: main-t2-r2 is shipped, three are not
+        graphrt.LLM(path, graph_cache=out, progress=False, max_num_seqs=4, capture_sizes=CaptureSizes((1, 2, 4), (16,)))
+    # a subset of the shipped graphs needs nothing built: it just works
+    llm = graphrt.LLM(path, graph_cache=out, progress=False, capture_sizes=CaptureSizes((2,), ()))
+    assert llm.stats()["compiles"] == 0
+
+
+def test_rebuild_builds_knowingly_and_the_next_engine_adopts_the_new_settings(shipped, tmp_path):
+    path, out = shipped
+    cache = str(tmp_path / "cache")
+    shutil.copytree(out, cache)
+    opts = dict(max_num_seqs=3, capture_sizes=CaptureSizes((3,), ()), progress=False)
+    built = graphrt.LLM(path, graph_cache=cache, rebuild_graph_cache=True, **opts)
+    assert [r.how for r in built.capture_report()] == ["compiled"]
+    again = graphrt.LLM(path, graph_cache=cache, progress=False)
+    assert again.engine.settings.max_num_seqs == 3 and [r.how for r in again.capture_report()] == ["loaded"]
+    assert again.stats()["compiles"] == 0
+
+
+@pytest.mark.parametrize("asked", [dict(max_model_len=64), dict(max_model_len=512), dict(kv_cache_memory=6_000_000)])
+def test_context_length_and_kv_size_are_free_in_shipped_graphs(shipped, asked):
+    """Packages leave the KV block count and the block-table width free: another max_model_len or
+    KV budget loads the same graphs, and the tokens stay exact."""
+    path, out = shipped
+    llm = graphrt.LLM(path, graph_cache=out, progress=False, **asked)
+    assert [r.how for r in llm.capture_report()] == ["loaded"] and llm.stats()["compiles"] == 0
+    opts = {**{k: v for k, v in OPTS.items() if k != "capture_sizes"}, **asked}
+    prompts = random_prompts([4, 7, 30], seed=52)  # 30 + 8 tokens: three blocks of the table
+    eager = make_llm(path, **opts)
+    got = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    assert got == [o.token_ids for o in eager.generate(prompts, GREEDY)]
+    assert llm.stats()["graph_hits"] > 0
+
+
+def test_the_cli_names_the_mismatch_and_precompile_records_settings(shipped, capsys):
+    from graphrt.cli import main
+
+    path, out = shipped
+    rc = main(["generate", "--model", path, "--graph-cache", out, "--max-num-seqs", "4", "--prompt", "x"])
+    assert rc == 2
+    assert "max_num_seqs: asked 4, the graph cache was built with 2" in capsys.readouterr().err

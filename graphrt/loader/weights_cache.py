@@ -6,9 +6,10 @@ once as safetensors beside the model config and the tokenizer, in an entry keyed
 checkpoint's content hash, the dtype and the loader's own code; later starts map it instead.
 
 Every file of an entry is listed with its SHA-256 (the weights in 64 MiB pieces, hashed on two
-threads); an entry whose files do not match is never loaded: it is removed and rebuilt from the
-checkpoint. Entries are written to a temporary directory and renamed into place, so concurrent
-processes publish one complete entry and never read a partial one.
+threads through the mapping the tensors then use); an entry whose files do not match is never
+loaded: it is removed and rebuilt from the checkpoint. Entries are written to a temporary
+directory and renamed into place, so concurrent processes publish one complete entry and never
+read a partial one.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import mmap
 import os
 import shutil
+import struct
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,17 +53,41 @@ def file_sha256(path: str) -> str:
 
 
 def piece_hashes(path: str) -> list[str]:
-    """SHA-256 of each PIECE of a file, two pieces at a time (hashlib releases the GIL)."""
-    size = os.path.getsize(path)
-    if size == 0:
+    """SHA-256 of each PIECE of a file."""
+    if os.path.getsize(path) == 0:
         return []
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        view = memoryview(m)
-        try:
-            with ThreadPoolExecutor(2) as pool:
-                return list(pool.map(lambda i: hashlib.sha256(view[i : i + PIECE]).hexdigest(), range(0, size, PIECE)))
-        finally:
-            view.release()
+        return buffer_piece_hashes(m)
+
+
+def buffer_piece_hashes(buffer) -> list[str]:
+    """SHA-256 of each PIECE of a buffer, two pieces at a time (hashlib releases the GIL)."""
+    view = memoryview(buffer)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            pieces = range(0, len(view), PIECE)
+            return list(pool.map(lambda i: hashlib.sha256(view[i : i + PIECE]).hexdigest(), pieces))
+    finally:
+        view.release()
+
+
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def map_safetensors(mapping: mmap.mmap) -> dict[str, torch.Tensor]:
+    """Tensors over a mapped safetensors file (its layout: an 8-byte header length, a JSON header
+    of dtypes, shapes and data offsets, then the data). The pages the hashing touched are already
+    mapped in, so the first steps do not fault them in one by one."""
+    (n,) = struct.unpack("<Q", mapping[:8])
+    header = json.loads(mapping[8 : 8 + n])
+    base, out = 8 + n, {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        raw = torch.frombuffer(mapping, dtype=torch.uint8, count=end - start, offset=base + start)
+        out[name] = raw.view(SAFETENSORS_DTYPES[info["dtype"]]).view(info["shape"])
+    return out
 
 
 @functools.lru_cache(maxsize=1)
@@ -91,28 +117,34 @@ class WeightsCache:
                 meta = json.load(f)
         except (OSError, ValueError):
             return None
-        problem = self._check(entry, meta)
+        weights = os.path.join(entry, WEIGHTS)
+        try:
+            with open(weights, "rb") as f:  # private and writable: tensors need no read-only flag
+                mapping = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, ValueError):
+            mapping = None
+        problem = self._check(entry, meta, mapping)
         if problem is not None:
             log.warning("weights cache entry %s: %s; rebuilding it from the checkpoint", entry, problem)
             shutil.rmtree(entry, ignore_errors=True)
             return None
-        from safetensors.torch import load_file
-
-        state = load_file(os.path.join(entry, WEIGHTS))  # memory-mapped
         tokenizer = os.path.join(entry, "tokenizer") if meta.get("tokenizer") else None
-        return CachedWeights(ModelConfig.from_dict(meta["config"]), state, tokenizer)
+        return CachedWeights(ModelConfig.from_dict(meta["config"]), map_safetensors(mapping), tokenizer)
 
     @staticmethod
-    def _check(entry: str, meta: dict) -> str | None:
+    def _check(entry: str, meta: dict, mapping: mmap.mmap | None) -> str | None:
         if meta.get("format") != FORMAT:
             return f"format {meta.get('format')!r} is not {FORMAT}"
+        if mapping is None:
+            return f"{WEIGHTS} cannot be mapped"
         for name, expected in meta["files"].items():
             path = os.path.join(entry, name)
             if not os.path.exists(path):
                 return f"{name} is missing"
             if os.path.getsize(path) != expected["size"]:
                 return f"{name} has {os.path.getsize(path)} bytes, not {expected['size']} (truncated?)"
-            if piece_hashes(path) != expected["sha256"]:
+            hashes = buffer_piece_hashes(mapping) if name == WEIGHTS else piece_hashes(path)
+            if hashes != expected["sha256"]:
                 return f"{name} does not match its SHA-256"
         return None
 

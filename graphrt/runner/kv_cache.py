@@ -6,6 +6,7 @@ import os
 import resource
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from graphrt.models.config import ModelConfig
@@ -102,4 +103,13 @@ def allocate_kv_caches(
     cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
+    return [(_zeros(shape, dtype), _zeros(shape, dtype)) for _ in range(cfg.num_layers)]
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeros whose pages the OS provides on first touch (numpy's calloc), so a KV cache of
+    gigabytes is allocated at once instead of being written through at start-up."""
+    if dtype.is_floating_point and dtype.itemsize in (2, 4):
+        raw = np.zeros(shape, dtype=np.int16 if dtype.itemsize == 2 else np.int32)
+        return torch.from_numpy(raw).view(dtype)  # all-zero bits are 0.0
+    return torch.zeros(shape, dtype=dtype)

@@ -6,6 +6,7 @@ size and allocate the KV cache, build the scheduler and runner, capture the grap
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import os
@@ -18,7 +19,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from graphrt.artifacts.store import ArtifactStore
-from graphrt.compiler.graph_builder import GraphBuilder, model_key
+from graphrt.compiler.graph_builder import GraphBuilder, PendingGraph, model_key
 from graphrt.core.block_manager import BlockManager
 from graphrt.core.request import Request
 from graphrt.core.scheduler import NewRequestData, Scheduler, SchedulerConfig, SchedulerOutput
@@ -34,7 +35,6 @@ from graphrt.runner.kv_cache import (
     KVCachePlan,
     allocate_kv_caches,
     bytes_per_block,
-    current_rss_bytes,
     peak_rss_bytes,
     plan_kv_cache,
 )
@@ -51,6 +51,8 @@ from graphrt.serving_settings import (
 )
 from graphrt.user_cache import default_graph_cache_dir, remembered
 from graphrt.version import __version__
+
+BUILD_WORKERS = max(1, min(4, os.cpu_count() or 1))  # graph packages built side by side
 
 
 class EngineStepError(RuntimeError):
@@ -85,8 +87,7 @@ class EngineConfig:
 class CaptureRecord:
     key: GraphKey
     how: str  # "compiled" or "loaded"
-    seconds: float
-    memory_bytes: int  # resident-memory growth while capturing it
+    seconds: float  # from the start of its capture until it was ready (builds overlap)
 
 
 @dataclass
@@ -277,13 +278,28 @@ class LLMEngine:
         builder = GraphBuilder(
             self.step_module, self.kv_caches, self.passes, self.config.backend, self.store, self.model_key
         )
-        for key in tqdm(self.graphs.keys(), desc="capture", unit="graph", disable=not self.config.progress):
-            rss = current_rss_bytes()
-            graph, how, seconds = builder.build(key, self.graphs.buffers(key))
-            self.graphs.graphs[key] = graph
-            self.num_compiles += how == "compiled"
-            self.capture_report.append(CaptureRecord(key, how, seconds, current_rss_bytes() - rss))
+        keys = self.graphs.keys()
+        bar = tqdm(total=len(keys), desc="capture", unit="graph", disable=not self.config.progress)
+        pending: collections.deque[PendingGraph] = collections.deque()
+        for key in keys:  # packages to build go to worker processes, a few side by side
+            out = builder.start(key, self.graphs.buffers(key))
+            if isinstance(out, PendingGraph):
+                pending.append(out)
+                if len(pending) >= BUILD_WORKERS:
+                    self._captured(*builder.finish(pending.popleft()), bar)
+            else:
+                self._captured(*out, bar)
+        while pending:
+            self._captured(*builder.finish(pending.popleft()), bar)
+        bar.close()
         return self.capture_report
+
+    def _captured(self, graph, how: str, seconds: float, bar) -> None:
+        key = next(k for k in self.graphs.keys() if k.name == graph.name)
+        self.graphs.graphs[key] = graph
+        self.num_compiles += how == "compiled"
+        self.capture_report.append(CaptureRecord(key, how, seconds))
+        bar.update(1)
 
     # --- requests ------------------------------------------------------------------------------
 

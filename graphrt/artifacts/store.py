@@ -124,15 +124,20 @@ class ArtifactStore:
             json.dump(manifest, f, indent=1, sort_keys=True, default=str)
         os.replace(tmp, self.manifest_path)
 
-    def put(self, key: dict, build: Callable[[str], None], extra: dict) -> tuple[str, dict]:
-        """Build an artifact into a temporary file, then publish file and entry atomically."""
+    def reserve(self, key: dict) -> str:
+        """A temporary file beside the artifacts for this key's build (``publish`` renames it)."""
+        os.makedirs(os.path.join(self.root, "graphs"), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{entry_id(key)[:12]}-", suffix=".pt2", dir=os.path.join(self.root, "graphs")
+        )
+        os.close(fd)
+        return tmp
+
+    def publish(self, key: dict, tmp: str, extra: dict) -> tuple[str, dict]:
+        """Move a built artifact into place and file its entry, atomically under the lock."""
         eid = entry_id(key)
         rel = os.path.join("graphs", f"{eid}.pt2")
-        os.makedirs(os.path.join(self.root, "graphs"), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{eid[:12]}-", suffix=".pt2", dir=os.path.join(self.root, "graphs"))
-        os.close(fd)
         try:
-            build(tmp)
             entry = {"key": key, "file": rel, "sha256": sha256_file(tmp), "size": os.path.getsize(tmp), **extra}
             with self._locked():
                 os.replace(tmp, os.path.join(self.root, rel))
@@ -140,9 +145,23 @@ class ArtifactStore:
                 manifest["entries"][eid] = entry
                 self._write_manifest(manifest)
         finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+            self.discard(tmp)
         return os.path.join(self.root, rel), entry
+
+    @staticmethod
+    def discard(tmp: str) -> None:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+    def put(self, key: dict, build: Callable[[str], None], extra: dict) -> tuple[str, dict]:
+        """Build an artifact into a temporary file, then publish file and entry atomically."""
+        tmp = self.reserve(key)
+        try:
+            build(tmp)
+        except BaseException:
+            self.discard(tmp)
+            raise
+        return self.publish(key, tmp, extra)
 
     # --- the serving settings a shipped cache was built with ------------------------------------
 

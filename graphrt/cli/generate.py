@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose:
         for rec in llm.capture_report():
             print(
-                f"[graphrt] graph {rec.key.name}: {rec.how} in {rec.seconds:.1f} s, {rec.memory_bytes / 2**20:.1f} MiB",
+                f"[graphrt] graph {rec.key.name}: {rec.how}, ready after {rec.seconds:.1f} s",
                 file=sys.stderr,
             )
         for line in llm.pass_report():

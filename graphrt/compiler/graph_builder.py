@@ -13,7 +13,7 @@ import torch
 from graphrt.artifacts.cache_key import environment, weights_fingerprint
 from graphrt.artifacts.store import ArtifactError, ArtifactStore
 from graphrt.compiler import aoti
-from graphrt.compiler.capture import capture
+from graphrt.compiler.capture import CapturedGraph, capture
 from graphrt.passes import PassManager
 from graphrt.runner.graph_key import GraphKey
 from graphrt.runner.input_buffers import ARG_NAMES, InputBuffers
@@ -38,6 +38,19 @@ class LoadedGraph:
 
     def __call__(self):
         return self.fn(*self.inputs)
+
+
+@dataclass
+class PendingGraph:
+    """A graph whose package a worker process is building."""
+
+    key: GraphKey
+    bufs: InputBuffers
+    ckey: dict
+    tmp: str
+    build: aoti.PackageBuild
+    graph: CapturedGraph
+    start: float
 
 
 class GraphBuilder:
@@ -86,34 +99,50 @@ class GraphBuilder:
         return None
 
     def build(self, key: GraphKey, bufs: InputBuffers):
-        """Returns (graph, "compiled" | "loaded", seconds)."""
+        """Returns (graph, "compiled" | "loaded", seconds), waiting for a build if one is needed."""
+        out = self.start(key, bufs)
+        return self.finish(out) if isinstance(out, PendingGraph) else out
+
+    def start(self, key: GraphKey, bufs: InputBuffers):
+        """(graph, how, seconds) when the graph is ready now; a PendingGraph when its package is
+        being built in a worker process (``finish`` waits for it)."""
         start = time.perf_counter()
         if self.store is None:
             graph = capture(self.step, bufs.args(), self.kv_caches, self.passes, self.backend, key.name)
             return graph, "compiled", time.perf_counter() - start
         hit = self.cached(key, bufs)
-        gm = None
-        if hit is None:
-            graph = capture(self.step, bufs.args(), self.kv_caches, self.passes, "eager", key.name)
-            hit = self.store_package(key, bufs, graph)
-            gm = graph.gm
+        if hit is not None:
+            return self.load(key, bufs, hit), "loaded", time.perf_counter() - start
+        graph = capture(self.step, bufs.args(), self.kv_caches, self.passes, "eager", key.name)
+        free = aoti.free_dims(graph.sources, graph.inputs)
+        try:  # a graph whose code came to depend on those sizes (an unfused spelling) keeps them
+            exported, ckey = aoti.export(graph.gm, graph.inputs, free), self.cache_key(key, bufs, True)
+        except Exception as e:
+            log.warning("graph %s: KV and block-table sizes cannot stay free (%s); built for these sizes", key.name, e)
+            exported, ckey = aoti.export(graph.gm, graph.inputs), self.cache_key(key, bufs, False)
+        tmp = self.store.reserve(ckey)
+        try:
+            build = aoti.PackageBuild(exported, graph.inputs, tmp)
+        except BaseException:
+            self.store.discard(tmp)
+            raise
+        return PendingGraph(key, bufs, ckey, tmp, build, graph, start)
+
+    def finish(self, pending: PendingGraph):
+        try:
+            pending.build.wait()
+        except BaseException:
+            self.store.discard(pending.tmp)
+            raise
+        extra = {"sources": pending.graph.sources, "kv_num_blocks": int(self.kv_caches[0][0].shape[0])}
+        hit = self.store.publish(pending.ckey, pending.tmp, extra)
+        graph = self.load(pending.key, pending.bufs, hit, pending.graph.gm)
+        return graph, "compiled", time.perf_counter() - pending.start
+
+    def load(self, key: GraphKey, bufs: InputBuffers, hit: tuple[str, dict], gm=None) -> LoadedGraph:
         path, entry = hit
         inputs = [self.resolve(tuple(s), bufs) for s in entry["sources"]]
-        how = "loaded" if gm is None else "compiled"
-        return LoadedGraph(key.name, aoti.load_package(path), inputs, gm), how, time.perf_counter() - start
-
-    def store_package(self, key: GraphKey, bufs: InputBuffers, graph) -> tuple[str, dict]:
-        """Build the package with the KV and block-table sizes free; a graph whose code came to
-        depend on them (an unfused spelling, say) is built for these sizes and keyed by them."""
-        extra = {"sources": graph.sources, "kv_num_blocks": int(self.kv_caches[0][0].shape[0])}
-        free = aoti.free_dims(graph.sources, graph.inputs)
-        ckey = self.cache_key(key, bufs, True)
-        try:
-            return self.store.put(ckey, lambda tmp: aoti.build_package(graph.gm, graph.inputs, tmp, free), extra)
-        except Exception as e:  # export could not keep the sizes free
-            log.warning("graph %s: KV and block-table sizes cannot stay free (%s); built for these sizes", key.name, e)
-            ckey = self.cache_key(key, bufs, False)
-            return self.store.put(ckey, lambda tmp: aoti.build_package(graph.gm, graph.inputs, tmp), extra)
+        return LoadedGraph(key.name, aoti.load_package(path), inputs, gm)
 
     def resolve(self, source: tuple, bufs: InputBuffers) -> torch.Tensor:
         kind = source[0]

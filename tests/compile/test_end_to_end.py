@@ -126,4 +126,5 @@ def test_graphrt_compile_and_verbose_report(tiny_tok_model, capsys):
         ]
     )
     err = capsys.readouterr().err
-    assert rc == 0 and "passes main-" in err and "fuse_attention=2" in err and "compiled in" in err
+    assert rc == 0 and "passes main-" in err and "fuse_attention=2" in err and "compiled, ready after" in err
+    assert "start-up" in err and "(0 loaded, 2 compiled)" in err and "first token" in err

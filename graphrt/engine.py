@@ -39,7 +39,7 @@ from graphrt.runner.kv_cache import (
     plan_kv_cache,
 )
 from graphrt.runner.model_runner import ModelRunner
-from graphrt.runner.step_module import StepModule
+from graphrt.runner.step_module import StepModule, VerifyStepModule
 from graphrt.sampling_params import InvalidRequestError, SamplingParams
 from graphrt.serving_settings import (
     GraphCacheMismatchError,
@@ -49,6 +49,9 @@ from graphrt.serving_settings import (
     mismatch_message,
     model_identity,
 )
+from graphrt.spec.config import SpeculativeConfig
+from graphrt.spec.drafter import Drafter
+from graphrt.spec.stats import SpecStats
 from graphrt.user_cache import default_graph_cache_dir, remembered
 from graphrt.version import __version__
 
@@ -81,6 +84,7 @@ class EngineConfig:
     graph_cache: str | bool | None = None
     strict_graph_cache: bool = False  # refuse, rather than rebuild, an untrustworthy entry
     rebuild_graph_cache: bool = False  # build graphs a shipped cache lacks for the settings asked
+    speculative_config: SpeculativeConfig | None = None  # drafts verified in the graphs (ngram)
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,10 @@ class LLMEngine:
         num_seqs = adopt(c.max_num_seqs, shipped, "max_num_seqs")
         num_tokens = adopt(c.max_num_batched_tokens, shipped, "max_num_batched_tokens")
         self.block_size = adopt(c.cache.block_size, shipped, "block_size")
-        self.sched_config = SchedulerConfig(num_seqs, min(num_tokens, self.max_model_len), self.max_model_len)
+        spec_k = c.speculative_config.num_speculative_tokens if c.speculative_config is not None else 0
+        self.sched_config = SchedulerConfig(
+            num_seqs, min(num_tokens, self.max_model_len), self.max_model_len, num_seqs * (spec_k + 1) if spec_k else 0
+        )
         if c.capture_sizes is not None:
             sizes = c.capture_sizes
         elif shipped is not None and (num_seqs, num_tokens) == (shipped.max_num_seqs, shipped.max_num_batched_tokens):
@@ -174,11 +181,18 @@ class LLMEngine:
             None,
             tuple(sorted(c.passes_disabled)),
             c.grammar_backend,
+            c.speculative_config.num_speculative_tokens if c.speculative_config is not None else 0,
         )
         self.max_blocks = -(-self.max_model_len // self.block_size)
         self.step_module = StepModule(self.loaded.model, self.block_size, c.grammar_backend)
+        self.spec = c.speculative_config
+        self.verify_module, self.proposer, self.spec_stats = None, None, SpecStats()
+        if self.spec is not None:
+            self.spec.check_budget(self.sched_config.max_num_batched_tokens)
+            self.verify_module = VerifyStepModule(self.loaded.model, self.block_size, self.spec.num_speculative_tokens)
+            self.proposer = Drafter(self.spec)
         self.grammar_compiler: GrammarCompiler | None = None  # built on the first constrained request
-        self.graphs = GraphCache(sizes, num_seqs, self.max_blocks, -(-cfg.vocab_size // 32))
+        self.graphs = GraphCache(sizes, num_seqs, self.max_blocks, -(-cfg.vocab_size // 32), spec_k)
         if shipped is not None and not c.rebuild_graph_cache:
             self._check_shipped_settings()
         self.model_key = (
@@ -193,10 +207,11 @@ class LLMEngine:
             return
         changes_code = {"model", "dtype", "block_size", "passes_disabled", "grammar_backend"}
         if any(d.split(":")[0] in changes_code for d in diffs):
-            missing = len(self.graphs.keys())
+            missing = len(self.graphs.all_keys())
         else:  # other sizes or row counts: the graphs not among the shipped ones
-            shipped = GraphCache(self.shipped.capture_sizes, self.shipped.max_num_seqs, 1, 1).keys()
-            missing = len(set(self.graphs.keys()) - set(shipped))
+            ship = self.shipped
+            shipped = GraphCache(ship.capture_sizes, ship.max_num_seqs, 1, 1, ship.speculative_tokens).all_keys()
+            missing = len(set(self.graphs.all_keys()) - set(shipped))
         if missing:
             raise GraphCacheMismatchError(mismatch_message(self.store.root, diffs, missing))
 
@@ -263,7 +278,12 @@ class LLMEngine:
         self.blocks = BlockManager(self.kv_plan.num_blocks, self.block_size, self.config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.sched_config, self.blocks)
         self.runner = ModelRunner(
-            self.step_module, self.kv_caches, self.graphs, self.sched_config.max_num_seqs, self.max_model_len
+            self.step_module,
+            self.kv_caches,
+            self.graphs,
+            self.sched_config.max_num_seqs,
+            self.max_model_len,
+            self.verify_module,
         )
         self.runner.bitmask_provider = self._fill_bitmask
         return self.kv_plan
@@ -275,10 +295,9 @@ class LLMEngine:
         if not self.config.compile:
             return self.capture_report
         self.graphs.compiling = True
-        builder = GraphBuilder(
-            self.step_module, self.kv_caches, self.passes, self.config.backend, self.store, self.model_key
-        )
-        keys = self.graphs.keys()
+        steps = {"main": self.step_module, "verify": self.verify_module}
+        builder = GraphBuilder(steps, self.kv_caches, self.passes, self.config.backend, self.store, self.model_key)
+        keys = self.graphs.all_keys()
         bar = tqdm(total=len(keys), desc="capture", unit="graph", disable=not self.config.progress)
         pending: collections.deque[PendingGraph] = collections.deque()
         for key in keys:  # packages to build go to worker processes, a few side by side
@@ -295,7 +314,7 @@ class LLMEngine:
         return self.capture_report
 
     def _captured(self, graph, how: str, seconds: float, bar) -> None:
-        key = next(k for k in self.graphs.keys() if k.name == graph.name)
+        key = next(k for k in self.graphs.all_keys() if k.name == graph.name)
         self.graphs.graphs[key] = graph
         self.num_compiles += how == "compiled"
         self.capture_report.append(CaptureRecord(key, how, seconds))
@@ -401,6 +420,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; returns the outputs of the requests it advanced (and of any
         finished ones), each the request's whole output so far."""
+        if self.proposer is not None:
+            self.proposer.propose_for(self.scheduler.running, self._tracked, self.max_model_len)
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
@@ -412,29 +433,43 @@ class LLMEngine:
                 self._finish(tracked, "error")
             raise EngineStepError(f"step failed, {len(failed)} request(s) ended with 'error': {e}") from e
         changed = []
-        for req in self.scheduler.after_step(out):
+        for req in self.scheduler.after_step(out, result.num_rejected):
             tracked = self._tracked[req.request_id]
-            token = result.sampled[req.request_id]
-            if tracked.grammar is not None and (tracked.no_token_allowed or not tracked.grammar.accept(token)):
-                self._finish(tracked, "grammar")  # the grammar allows nothing: emit nothing illegal
-                changed.append(tracked.output)
-                continue
-            req.output_token_ids.append(token)
-            req.output_logprobs.append(result.logprobs[req.request_id])
-            reason = token_stop_reason(req, token, self.max_model_len)
-            if tracked.detok.update(req.output_token_ids) and reason is None:
-                reason = "stop"
-            if reason is None and tracked.grammar is not None and tracked.grammar.terminated:
-                reason = "stop"
-            self._sync_output(tracked)
-            if reason is not None:
-                self._finish(tracked, reason)
+            drafted = len(out.draft_token_ids.get(req.request_id, ()))
+            accepted = drafted - result.num_rejected.get(req.request_id, 0)
+            req.num_draft_tokens += drafted
+            req.num_accepted_tokens += accepted
+            self.spec_stats.record(drafted, accepted)
+            for token, logprob in zip(result.sampled[req.request_id], result.logprobs[req.request_id]):
+                if not self._append(tracked, token, logprob):
+                    break  # finished: the rest of an accepted run is dropped
             changed.append(tracked.output)
         return changed
+
+    def _append(self, tracked: _Tracked, token: int, logprob: float) -> bool:
+        """One sampled token through the grammar and the stop checks, in order; False once the
+        request has finished."""
+        req = tracked.request
+        if tracked.grammar is not None and (tracked.no_token_allowed or not tracked.grammar.accept(token)):
+            self._finish(tracked, "grammar")  # the grammar allows nothing: emit nothing illegal
+            return False
+        req.output_token_ids.append(token)
+        req.output_logprobs.append(logprob)
+        reason = token_stop_reason(req, token, self.max_model_len)
+        if tracked.detok.update(req.output_token_ids) and reason is None:
+            reason = "stop"
+        if reason is None and tracked.grammar is not None and tracked.grammar.terminated:
+            reason = "stop"
+        self._sync_output(tracked)
+        if reason is not None:
+            self._finish(tracked, reason)
+            return False
+        return True
 
     def _sync_output(self, tracked: _Tracked) -> None:
         o, req = tracked.output, tracked.request
         o.token_ids = list(req.output_token_ids)
+        o.num_draft_tokens, o.num_accepted_tokens = req.num_draft_tokens, req.num_accepted_tokens
         o.text = tracked.detok.text
         if req.params.logprobs:
             o.logprobs = list(req.output_logprobs)
@@ -463,4 +498,5 @@ class LLMEngine:
             "free_blocks": self.blocks.num_free_blocks,
             "prefix_cache_hits": self.blocks.prefix_cache_hits,
             "preemptions": self.scheduler.num_preemptions,
+            **self.spec_stats.as_dict(),
         }

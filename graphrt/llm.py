@@ -12,6 +12,7 @@ from graphrt.outputs import RequestOutput, StreamEvent
 from graphrt.runner.graph_cache import CaptureSizes
 from graphrt.runner.kv_cache import CacheConfig
 from graphrt.sampling_params import InvalidRequestError, SamplingParams
+from graphrt.spec.config import SpeculativeConfig
 
 Prompt = str | list[int]
 
@@ -38,11 +39,14 @@ class LLM:
         strict_graph_cache: bool = False,
         grammar_backend: str = "in-graph",
         rebuild_graph_cache: bool = False,
+        speculative_config: dict | None = None,
     ) -> None:
         """Load ``model`` and start serving it. Settings left as None come from a shipped graph
         cache (``graph_cache=DIR``, as ``graphrt precompile`` wrote it) when there is one, else
         from the defaults: float32, 8 sequences, 256 batched tokens, blocks of 16 tokens.
-        ``graph_cache``: None keeps compiled graphs in the per-user cache, False keeps none."""
+        ``graph_cache``: None keeps compiled graphs in the per-user cache, False keeps none.
+        ``speculative_config``: vLLM's keys, e.g. ``{"method": "ngram", "num_speculative_tokens": 3,
+        "prompt_lookup_max": 3, "prompt_lookup_min": 1}``: drafts verified by verify graphs."""
         cache = CacheConfig(block_size, kv_cache_memory, kv_cache_fraction, enable_prefix_caching)
         config = EngineConfig(
             model,
@@ -61,6 +65,7 @@ class LLM:
             graph_cache,
             strict_graph_cache,
             rebuild_graph_cache,
+            SpeculativeConfig.from_dict(speculative_config),
         )
         self.engine = LLMEngine(config).start()
 

@@ -13,6 +13,8 @@ class RequestOutput:
     text: str = ""
     finish_reason: str | None = None  # "stop", "length", "abort", "error", "grammar"
     logprobs: list[float] | None = None
+    num_draft_tokens: int = 0  # speculative decoding: drafts scored for this request
+    num_accepted_tokens: int = 0  # ... and accepted
 
     @property
     def finished(self) -> bool:

@@ -19,7 +19,16 @@ from graphrt.runner.graph_cache import CaptureSizes
 
 DEFAULTS = {"dtype": "float32", "max_num_seqs": 8, "max_num_batched_tokens": 256, "block_size": 16}
 # What changes a graph's code or its input shapes; the rest is served by the same graphs.
-SHAPING = ("model", "dtype", "block_size", "max_num_seqs", "capture_sizes", "passes_disabled", "grammar_backend")
+SHAPING = (
+    "model",
+    "dtype",
+    "block_size",
+    "max_num_seqs",
+    "capture_sizes",
+    "passes_disabled",
+    "grammar_backend",
+    "speculative_tokens",
+)
 
 
 class GraphCacheMismatchError(ValueError):
@@ -43,6 +52,7 @@ class ServingSettings:
     kv_num_blocks: int | None
     passes_disabled: tuple[str, ...]
     grammar_backend: str
+    speculative_tokens: int = 0  # draft slots a verify graph holds; 0: no verify graphs
 
     def to_dict(self) -> dict:
         d = asdict(self)

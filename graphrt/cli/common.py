@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -28,6 +29,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-graph-cache", action="store_true", help="keep no compiled graphs on disk")
     p.add_argument(
+        "--speculative-config",
+        type=_json_object,
+        default=None,
+        help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'',
+    )
+    p.add_argument(
         "--rebuild-graph-cache",
         action="store_true",
         help="build the graphs a shipped graph cache lacks for settings other than its own",
@@ -37,6 +44,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="refuse a stale or tampered graph cache entry instead of rebuilding it",
     )
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object")
+    return value
 
 
 def llm_kwargs(args: argparse.Namespace) -> dict:
@@ -54,4 +71,5 @@ def llm_kwargs(args: argparse.Namespace) -> dict:
         graph_cache=False if args.no_graph_cache else args.graph_cache,
         strict_graph_cache=args.strict_graph_cache,
         rebuild_graph_cache=args.rebuild_graph_cache,
+        speculative_config=args.speculative_config,
     )

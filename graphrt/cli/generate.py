@@ -108,7 +108,14 @@ def summary(llm, num_tokens: int, gen_s: float, start_s: float, first_token_s: f
     hows = [r.how for r in llm.capture_report()]
     t = llm.engine.startup_seconds
     graphs = f"{hows.count('loaded')} loaded, {hows.count('compiled')} compiled"
-    return (
+    line = (
         f"[graphrt] {num_tokens} tokens at {num_tokens / max(gen_s, 1e-9):.1f} tokens/s | start-up {start_s:.1f} s: "
         f"load {t['load']:.1f} s, graphs {t['graphs']:.1f} s ({graphs}), first token {first_token_s:.2f} s"
     )
+    stats = llm.stats()
+    if stats["spec_draft_tokens"]:
+        line += (
+            f" | drafts accepted {stats['spec_accepted_tokens']}/{stats['spec_draft_tokens']}, "
+            f"{stats['spec_mean_accepted_length']:.2f} tokens a verified row"
+        )
+    return line

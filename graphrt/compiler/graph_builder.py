@@ -16,7 +16,7 @@ from graphrt.compiler import aoti
 from graphrt.compiler.capture import CapturedGraph, capture
 from graphrt.passes import PassManager
 from graphrt.runner.graph_key import GraphKey
-from graphrt.runner.input_buffers import ARG_NAMES, InputBuffers
+from graphrt.runner.input_buffers import InputBuffers
 
 log = logging.getLogger("graphrt.compiler")
 
@@ -63,10 +63,13 @@ class GraphBuilder:
         store: ArtifactStore | None,
         model_key: dict,
     ) -> None:
-        self.step, self.kv_caches, self.passes, self.backend = step, kv_caches, passes, backend
+        # one module per step kind ("main", "verify"); they share the model and its weights
+        self.steps = step if isinstance(step, dict) else {"main": step}
+        self.step = self.steps["main"]
+        self.kv_caches, self.passes, self.backend = kv_caches, passes, backend
         self.store = store if backend == "inductor" else None  # eager / torchair keep no artifacts
         self.model_key = model_key
-        self.weights = dict([*step.named_parameters(), *step.named_buffers()])
+        self.weights = dict([*self.step.named_parameters(), *self.step.named_buffers()])
 
     def signature(self, bufs: InputBuffers, free: bool) -> dict:
         """Shapes and dtypes of every input; with ``free``, the sizes a package leaves free are *."""
@@ -74,7 +77,7 @@ class GraphBuilder:
         width = bufs.block_tables.shape[1]
         arg_free = {"block_tables": {1: "max_blocks"}} if free and width >= 2 else {}
         return {
-            "args": {n: describe(t, arg_free.get(n)) for n, t in zip(ARG_NAMES, bufs.args())},
+            "args": {n: describe(t, arg_free.get(n)) for n, t in zip(bufs.names, bufs.args())},
             "kv_caches": [describe(kv, {0: "num_blocks"} if free and kv.shape[0] >= 2 else None), len(self.kv_caches)],
             "weights": {n: describe(t) for n, t in self.weights.items()},
         }
@@ -108,12 +111,12 @@ class GraphBuilder:
         being built in a worker process (``finish`` waits for it)."""
         start = time.perf_counter()
         if self.store is None:
-            graph = capture(self.step, bufs.args(), self.kv_caches, self.passes, self.backend, key.name)
+            graph = capture(self.steps[key.kind], bufs.args(), self.kv_caches, self.passes, self.backend, key.name)
             return graph, "compiled", time.perf_counter() - start
         hit = self.cached(key, bufs)
         if hit is not None:
             return self.load(key, bufs, hit), "loaded", time.perf_counter() - start
-        graph = capture(self.step, bufs.args(), self.kv_caches, self.passes, "eager", key.name)
+        graph = capture(self.steps[key.kind], bufs.args(), self.kv_caches, self.passes, "eager", key.name)
         free = aoti.free_dims(graph.sources, graph.inputs)
         try:  # a graph whose code came to depend on those sizes (an unfused spelling) keeps them
             exported, ckey = aoti.export(graph.gm, graph.inputs, free), self.cache_key(key, bufs, True)

@@ -28,6 +28,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
+    draft_token_ids: list[int] = field(default_factory=list)  # proposed for the next step only
+    num_draft_tokens: int = 0  # drafts scored so far
+    num_accepted_tokens: int = 0  # drafts accepted so far
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -10,7 +10,7 @@ far are kept, so it finishes with the same tokens).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from graphrt.core.block_manager import BlockManager
 from graphrt.core.request import Request, RequestStatus
@@ -21,6 +21,7 @@ class SchedulerConfig:
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 256
     max_model_len: int = 2048
+    max_verify_tokens: int = 0  # the most tokens a step with drafts may hold (its verify graphs')
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -52,6 +53,7 @@ class SchedulerOutput:
     cached_requests: tuple[CachedRequestData, ...]
     num_scheduled_tokens: dict[str, int]  # in step order
     finished_request_ids: frozenset[str]  # finished, aborted or preempted since the last step
+    draft_token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)  # scheduled drafts
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -110,6 +112,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         scheduled: dict[str, int] = {}
+        drafts: dict[str, tuple[int, ...]] = {}
         new_reqs: list[NewRequestData] = []
         cached: list[CachedRequestData] = []
 
@@ -126,6 +129,7 @@ class Scheduler:
                     break
             if req.status != RequestStatus.RUNNING:
                 break  # req itself was preempted: nothing after it can run either
+            num_new += self._schedule_drafts(req, num_new, budget, drafts)
             scheduled[req.request_id] = num_new
             budget -= num_new
             i += 1
@@ -153,6 +157,16 @@ class Scheduler:
             self.running.append(req)
             scheduled[req.request_id] = num_new
             budget -= num_new
+
+        # A step with drafts runs a verify graph, which holds at most max_verify_tokens tokens: a
+        # bigger step (a long prefill chunk in it) leaves its drafts out (the blocks they reserved
+        # stay with their requests and are used as those grow).
+        if drafts and sum(scheduled.values()) > self.config.max_verify_tokens:
+            for rid in drafts:
+                scheduled[rid] = 1
+            drafts = {}
+        for req in self.running:
+            req.draft_token_ids = []
 
         # 3. Describe the step for the runner: full data for requests it has not seen, changes
         #    for the rest.
@@ -182,9 +196,20 @@ class Scheduler:
                     )
                 )
                 view.num_blocks, view.num_tokens = len(table), req.num_tokens
-        out = SchedulerOutput(tuple(new_reqs), tuple(cached), scheduled, frozenset(self._finished_since_step))
+        out = SchedulerOutput(tuple(new_reqs), tuple(cached), scheduled, frozenset(self._finished_since_step), drafts)
         self._finished_since_step.clear()
         return out
+
+    def _schedule_drafts(self, req: Request, num_new: int, budget: int, drafts: dict) -> int:
+        """Schedule a decoding request's drafts after its last token when the budget and the free
+        blocks allow (never by preempting); returns how many were scheduled."""
+        if not req.draft_token_ids or num_new != 1 or req.num_tokens - req.num_computed_tokens != 1:
+            return 0
+        d = tuple(req.draft_token_ids[: budget - num_new])
+        if not d or self.blocks.allocate(req.request_id, req.num_computed_tokens + num_new + len(d)) is None:
+            return 0
+        drafts[req.request_id] = d
+        return len(d)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
@@ -197,16 +222,20 @@ class Scheduler:
         if self._runner_view.pop(req.request_id, None) is not None:
             self._finished_since_step.add(req.request_id)
 
-    def after_step(self, out: SchedulerOutput) -> list[Request]:
-        """Advance every scheduled request by its tokens; returns those whose prompt is done and
-        so sampled a token this step."""
+    def after_step(self, out: SchedulerOutput, num_rejected: dict[str, int] | None = None) -> list[Request]:
+        """Advance every scheduled request by its tokens, less its rejected drafts (their K/V is
+        never read: it lies past the request's length and is overwritten); returns the requests
+        whose prompt is done and so sampled this step. Only blocks full of known tokens are
+        published to the prefix cache (accepted drafts join the next step's publication)."""
         sampled = []
+        rejected = num_rejected or {}
         for rid, n in out.num_scheduled_tokens.items():
             req = self.requests.get(rid)
             if req is None:
                 continue
-            req.num_computed_tokens += n
-            self.blocks.cache_full_blocks(rid, req.all_token_ids, req.num_computed_tokens)
-            if req.num_computed_tokens == req.num_tokens:
+            req.num_computed_tokens += n - rejected.get(rid, 0)
+            known = min(req.num_computed_tokens, req.num_tokens)
+            self.blocks.cache_full_blocks(rid, req.all_token_ids, known)
+            if req.num_computed_tokens >= req.num_tokens:
                 sampled.append(req)
         return sampled

@@ -54,8 +54,11 @@ class CaptureSizes:
 
 
 class GraphCache:
-    def __init__(self, sizes: CaptureSizes, max_num_seqs: int, max_blocks: int, vocab_words: int) -> None:
+    def __init__(
+        self, sizes: CaptureSizes, max_num_seqs: int, max_blocks: int, vocab_words: int, spec_k: int = 0
+    ) -> None:
         self.sizes = sizes
+        self.spec_k = spec_k  # draft tokens a verify row holds; 0: no verify graphs
         self.max_num_seqs = max_num_seqs
         self.max_blocks = max_blocks
         self.vocab_words = vocab_words
@@ -66,13 +69,28 @@ class GraphCache:
         self.misses = 0
 
     def keys(self, kind: str = "main") -> list[GraphKey]:
-        """Every key to capture, largest first."""
+        """Every key to capture, largest first. Verify keys: every decode size's rows, each with
+        its last token and K draft slots."""
+        if kind == "verify":
+            span = self.spec_k + 1
+            return sorted(
+                {GraphKey(kind, r * span, r) for r in self.sizes.decode if r <= self.max_num_seqs}, reverse=True
+            )
         keys = {GraphKey(kind, r, r) for r in self.sizes.decode if r <= self.max_num_seqs}
         keys |= {GraphKey(kind, t, min(self.max_num_seqs, t)) for t in self.sizes.mixed}
         return sorted(keys, reverse=True)
 
+    def all_keys(self) -> list[GraphKey]:
+        return self.keys("main") + (self.keys("verify") if self.spec_k else [])
+
     def dispatch(self, batch: StepBatch, kind: str = "main") -> GraphKey:
         t, r = batch.num_tokens, batch.num_reqs
+        if kind == "verify":  # padded by rows to a decode size, K + 1 token slots a row
+            span = self.spec_k + 1
+            for size in self.sizes.decode[bisect.bisect_left(self.sizes.decode, r) :]:
+                if size <= self.max_num_seqs and size * span >= t:
+                    return GraphKey(kind, size * span, size)
+            return GraphKey(kind, max(t, r), r)  # bigger than every verify graph: eager
         if batch.is_decode:
             i = bisect.bisect_left(self.sizes.decode, r)
             if i < len(self.sizes.decode) and self.sizes.decode[i] <= self.max_num_seqs:
@@ -86,7 +104,8 @@ class GraphCache:
 
     def buffers(self, key: GraphKey) -> InputBuffers:
         if key not in self._buffers:
-            self._buffers[key] = InputBuffers(key, self.max_blocks, self.vocab_words)
+            spec_k = self.spec_k if key.kind == "verify" else 0
+            self._buffers[key] = InputBuffers(key, self.max_blocks, self.vocab_words, spec_k)
         return self._buffers[key]
 
     def run(self, key: GraphKey, eager: StepFn, kv_caches) -> tuple[torch.Tensor, torch.Tensor]:

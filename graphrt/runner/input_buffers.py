@@ -30,25 +30,37 @@ ARG_NAMES = (
 )
 
 
+VERIFY_ARG_NAMES = (*ARG_NAMES, "draft_token_ids", "num_drafts")
+
+
 class InputBuffers:
-    def __init__(self, key: GraphKey, max_blocks: int, vocab_words: int) -> None:
+    """``spec_k`` > 0: a verify key's buffers, with K draft slots a row and logits (and grammar
+    masks) at K + 1 positions a row."""
+
+    def __init__(self, key: GraphKey, max_blocks: int, vocab_words: int, spec_k: int = 0) -> None:
         t, r = key.num_tokens, key.num_reqs
         i64 = dict(dtype=torch.int64)
         self.key = key
+        self.spec_k = spec_k
+        self.names = VERIFY_ARG_NAMES if spec_k else ARG_NAMES
+        positions = r * (spec_k + 1)  # logits rows
         self.input_ids = torch.zeros(t, **i64)
         self.positions = torch.zeros(t, **i64)
         self.token_req = torch.full((t,), -1, **i64)
         self.block_tables = torch.zeros(r, max_blocks, **i64)
         self.seq_lens = torch.zeros(r, **i64)
         self.query_start_loc = torch.zeros(r + 1, **i64)  # every row empty until loaded
-        self.logits_indices = torch.zeros(r, **i64)
+        self.logits_indices = torch.zeros(positions, **i64)
         self.temperature = torch.zeros(r)
         self.top_k = torch.zeros(r, **i64)
         self.top_p = torch.ones(r)
         self.min_p = torch.zeros(r)
         self.seeds = torch.zeros(r, **i64)
         self.offsets = torch.zeros(r, **i64)
-        self.bitmask = torch.full((r, vocab_words), -1, dtype=torch.int32)
+        self.bitmask = torch.full((positions, vocab_words), -1, dtype=torch.int32)
+        if spec_k:
+            self.draft_token_ids = torch.zeros(r, spec_k, **i64)
+            self.num_drafts = torch.zeros(r, **i64)
 
     def load(self, b: StepBatch) -> None:
         """The one copy of a step's host data into the buffers, padding reset first."""
@@ -73,9 +85,12 @@ class InputBuffers:
             self.bitmask.fill_(-1)
         else:
             _put(self.bitmask, b.bitmask, -1)
+        if self.spec_k:
+            _put(self.draft_token_ids, b.draft_token_ids, 0)
+            _put(self.num_drafts, b.num_drafts, 0)
 
     def args(self) -> tuple[torch.Tensor, ...]:
-        return tuple(getattr(self, n) for n in ARG_NAMES)
+        return tuple(getattr(self, n) for n in self.names)
 
 
 def _put(dst: torch.Tensor, src, pad) -> None:

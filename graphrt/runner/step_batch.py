@@ -16,15 +16,17 @@ class StepBatch:
     block_tables: np.ndarray  # [R, max_blocks] int64
     seq_lens: np.ndarray  # [R] int64: context after this step
     query_start_loc: np.ndarray  # [R + 1] int64
-    logits_indices: np.ndarray  # [R] int64: each row's last token
+    logits_indices: np.ndarray  # [R] int64: each row's last token ([R·(K+1)] in verify steps)
     temperature: np.ndarray  # [R] float32
     top_k: np.ndarray  # [R] int64
     top_p: np.ndarray  # [R] float32
     min_p: np.ndarray  # [R] float32
     seeds: np.ndarray  # [R] int64
     offsets: np.ndarray  # [R] int64: position of the token each row samples
-    bitmask: np.ndarray | None  # [R, ceil(V / 32)] int32, or None when no row is constrained
+    bitmask: np.ndarray | None  # [R (·(K+1)), ceil(V / 32)] int32, or None when no row is constrained
     samples: np.ndarray  # [R] bool: does the row's sampled token count (prompt done)?
+    draft_token_ids: np.ndarray | None = None  # verify steps: [R, K] int64 (0-padded)
+    num_drafts: np.ndarray | None = None  # verify steps: [R] int64
 
     @property
     def num_tokens(self) -> int:

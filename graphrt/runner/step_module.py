@@ -53,3 +53,47 @@ class StepModule(nn.Module):
             logits = torch.ops.graphrt.xgrammar_bitmask_cpu(logits, bitmask)
             bitmask = torch.full_like(bitmask, -1)
         return canonical.sample(logits, bitmask, temperature, top_k, top_p, min_p, seeds, offsets)
+
+
+class VerifyStepModule(StepModule):
+    """The verify step: the same forward over each row's last token and its drafts, target logits
+    at every draft position and the bonus position (``logits_indices`` is [R·(K+1)], row-major),
+    each position's grammar mask, then rejection sampling in the graph. Returns ``(tokens
+    [R, K+1], logprobs [R, K+1])``: a row's accepted drafts, then its correction or bonus token,
+    then −1."""
+
+    def __init__(self, model: nn.Module, block_size: int, num_speculative_tokens: int) -> None:
+        super().__init__(model, block_size)
+        self.k = num_speculative_tokens
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        token_req: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        logits_indices: torch.Tensor,
+        temperature: torch.Tensor,
+        top_k: torch.Tensor,
+        top_p: torch.Tensor,
+        min_p: torch.Tensor,
+        seeds: torch.Tensor,
+        offsets: torch.Tensor,
+        bitmask: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        num_drafts: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        slot_mapping = canonical.slot_mapping(positions, token_req, block_tables, self.block_size)
+        attn = AttentionInputs(block_tables, seq_lens, query_start_loc, token_req, slot_mapping)
+        hidden = self.model(input_ids, positions, kv_caches, attn)
+        logits = self.model.compute_logits(hidden, logits_indices).float()
+        logits = torch.ops.graphrt.apply_token_bitmask(logits, bitmask, None)
+        logits = logits.view(draft_token_ids.shape[0], self.k + 1, logits.shape[-1])
+        tokens = torch.ops.graphrt.rejection_sample(
+            draft_token_ids, num_drafts, None, logits, temperature, seeds, offsets - num_drafts
+        )
+        logprobs = torch.log_softmax(logits, dim=-1).gather(2, tokens.clamp(min=0)[..., None])[..., 0]
+        return tokens, logprobs

@@ -75,7 +75,7 @@ def test_bad_request_while_others_run(llm, tiny_model):
 def test_a_failing_step_frees_its_blocks_and_the_engine_recovers(llm, monkeypatch):
     engine = llm.engine
     calls = {"n": 0}
-    real = engine.runner.run_eager
+    real = engine.runner.steps["main"].eager
 
     def flaky(*args):
         calls["n"] += 1
@@ -83,7 +83,7 @@ def test_a_failing_step_frees_its_blocks_and_the_engine_recovers(llm, monkeypatc
             raise RuntimeError("injected fault")
         return real(*args)
 
-    monkeypatch.setattr(engine.runner, "run_eager", flaky)
+    monkeypatch.setattr(engine.runner.steps["main"], "eager", flaky)
     rid = engine.add_request([5, 6, 7, 8], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
     engine.step()
     with pytest.raises(EngineStepError, match="injected fault"):

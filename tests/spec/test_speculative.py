@@ -1,0 +1,165 @@
+"""Speculative decoding with the verify step: greedy output identical to plain decoding, random
+sampling from the target distribution, state kept exact after rejections, graphs everywhere."""
+
+import collections
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+import graphrt
+from graphrt import SamplingParams
+from graphrt.runner.graph_cache import CaptureSizes
+from tests.helpers import make_llm
+from tests.oracle import random_prompts
+
+REPETITIVE = [[5, 6, 7, 8, 9, 10, 11, 12] * 4 + [5, 6], [1, 2, 3] * 7, [40, 41]]
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+
+def ngram(k):
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+class Oracle:
+    """Drafts from a plain run's outputs: the true next tokens, every third draft position wrong,
+    so that verify steps accept runs and reject in the middle of them."""
+
+    def __init__(self, runs: list[list[int]], vocab: int) -> None:
+        self.runs, self.vocab = runs, vocab
+
+    def propose(self, tokens: np.ndarray, k: int) -> list[int]:
+        seq = tokens.tolist()
+        for run in self.runs:
+            if run[: len(seq)] == seq:
+                true = run[len(seq) : len(seq) + k]
+                return [(t + 1) % self.vocab if (len(seq) + i) % 3 == 2 else t for i, t in enumerate(true)]
+        return []
+
+
+def plain_and_spec(path, prompts, params, k, **opts):
+    plain = make_llm(path, **opts).generate(prompts, params)
+    spec = make_llm(path, speculative_config=ngram(k), **opts)
+    return plain, spec
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2_tied", "qwen3"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_ngram_output_is_plain_output(tiny_model, name, k):
+    path = tiny_model(name)
+    prompts = REPETITIVE + random_prompts([3, 40, 9], seed=70)  # 40 > 16: a chunked prefill
+    opts = dict(max_num_seqs=3, max_num_batched_tokens=16, kv_cache_memory=600_000, max_model_len=96)
+    plain, spec = plain_and_spec(path, prompts, GREEDY, k, **opts)
+    got = spec.generate(prompts, GREEDY)
+    assert [o.token_ids for o in got] == [o.token_ids for o in plain]
+    stats = spec.stats()
+    assert stats["spec_draft_tokens"] > 0 and stats["free_blocks"] == stats["total_blocks"]
+
+
+def test_accepted_runs_rejections_preemption_and_stops_stay_exact(tiny_model):
+    path = tiny_model("llama_gqa")
+    prompts = random_prompts([7, 30, 12, 5], seed=71)
+    opts = dict(max_num_seqs=3, max_num_batched_tokens=16, kv_cache_memory=60_000, max_model_len=64)
+    runs = [p + o.token_ids for p, o in zip(prompts, make_llm(path, **opts).generate(prompts, GREEDY))]
+    spec = make_llm(path, speculative_config=ngram(4), **opts)
+    spec.engine.proposer.proposer = Oracle(runs, 256)
+    got = spec.generate(prompts, GREEDY)
+    assert [p + o.token_ids for p, o in zip(prompts, got)] == runs
+    s = spec.stats()
+    assert s["preemptions"] > 0 and s["spec_acceptance_rate"] > 0.4 and s["spec_mean_accepted_length"] > 1.5
+    assert s["free_blocks"] == s["total_blocks"]
+    assert sum(o.num_accepted_tokens for o in got) == s["spec_accepted_tokens"]
+    # a stop token inside an accepted run ends the request exactly there, as plain decoding does
+    stop = runs[1][len(prompts[1]) + 9]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop_token_ids=[stop])
+    want = [o.token_ids for o in make_llm(path, **opts).generate(prompts, params)]
+    assert [o.token_ids for o in spec.generate(prompts, params)] == want
+    assert want[1][-1] == stop and len(want[1]) <= 10
+
+
+def test_verify_graphs_compile_load_from_a_shipped_cache_and_pad_without_writing(tiny_model):
+    path = tiny_model("qwen3")
+    prompts = REPETITIVE + random_prompts([6], seed=72)
+    opts = dict(max_num_seqs=4, max_num_batched_tokens=32, kv_cache_memory=4_000_000, progress=False)
+    sizes = CaptureSizes((1, 2, 4), (32,))
+    cache = tempfile.mkdtemp()
+    built = graphrt.LLM(path, graph_cache=cache, capture_sizes=sizes, speculative_config=ngram(3), **opts)
+    names = [r.key.name for r in built.capture_report()]
+    assert {"verify-t16-r4", "verify-t8-r2", "verify-t4-r1"} <= set(names) and built.stats()["compiles"] == 7
+    want = [o.token_ids for o in make_llm(path, **opts).generate(prompts, GREEDY)]
+    assert [o.token_ids for o in built.generate(prompts, GREEDY)] == want
+    s = built.stats()
+    assert s["graph_misses"] == 0 and s["spec_draft_tokens"] > 0 and s["free_blocks"] == s["total_blocks"]
+    loaded = graphrt.LLM(path, graph_cache=cache, speculative_config=ngram(3), progress=False)
+    assert loaded.stats()["compiles"] == 0 and [r.how for r in loaded.capture_report()] == ["loaded"] * 7
+    assert [o.token_ids for o in loaded.generate(prompts, GREEDY)] == want
+    # one verify row in the two-row graph: the padding row and padding tokens write nothing
+    engine = loaded.engine
+    rid = engine.add_request(REPETITIVE[1], GREEDY)
+    engine.step()  # the prefill
+    before = [(k.clone(), v.clone()) for k, v in engine.kv_caches]
+    req = engine.scheduler.requests[rid]
+    computed = req.num_computed_tokens
+    engine.proposer.proposer = Oracle([], 256)  # no drafts from it: use fixed ones
+    req_drafts = [7, 8]
+    engine.proposer.propose_for = lambda running, tracked, n: setattr(req, "draft_token_ids", list(req_drafts))
+    engine.step()  # one verify step: 1 + 2 tokens in verify-t4-r1
+    bs = engine.block_size
+    real = {(engine.blocks.block_table(rid)[p // bs], p % bs) for p in range(computed, computed + 3)}
+    for (k0, v0), (k1, v1) in zip(before, engine.kv_caches):
+        changed = ((k0 != k1).flatten(2).any(-1) | (v0 != v1).flatten(2).any(-1)).nonzero().tolist()
+        written = {tuple(c) for c in changed if c[0] != 0}
+        assert written <= real and written, (written, real)
+
+
+def test_random_sampling_with_drafts_draws_from_the_target_distribution(tiny_model):
+    """The token verified against an always-proposed draft, over the seeds that drafted, against
+    the same token from plain sampling over 600 seeds: a chi-square test of homogeneity (tokens
+    seen fewer than 10 times pooled) at α = 0.001."""
+    path = tiny_model("llama_gqa")
+    prompt = [9, 10, 11, 12, 9, 10, 11, 12, 9, 10, 11]
+    opts = dict(max_num_seqs=8, max_num_batched_tokens=64, kv_cache_memory=4_000_000)
+    params = [SamplingParams(max_tokens=3, temperature=0.8, seed=s, ignore_eos=True) for s in range(600)]
+    plain = [o.token_ids[1] for o in make_llm(path, **opts).generate([prompt] * 600, params)]
+    spec = make_llm(path, speculative_config=ngram(2), **opts)
+    spec.engine.proposer.proposer.propose = lambda tokens, k: [12, 9][:k]  # one-hot drafts, always
+    out = spec.generate([prompt] * 600, params)
+    # whether a request drafts depends on the step it lands in (arrivals), not on what it samples
+    drafted = [o.token_ids[1] for o in out if o.num_draft_tokens]
+    assert len(drafted) >= 150 and spec.stats()["spec_accepted_tokens"] > 0
+    counts = collections.Counter(plain) + collections.Counter(drafted)
+    common = sorted(t for t, c in counts.items() if c >= 10)
+    table = torch.tensor(
+        [
+            [sum(1 for t in xs if t == c) for c in common] + [sum(1 for t in xs if t not in common)]
+            for xs in (plain, drafted)
+        ],
+        dtype=torch.float64,
+    )
+    table = table[:, table.sum(0) > 0]
+    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
+    chi2 = float(((table - expected) ** 2 / expected).sum())
+    dof = table.shape[1] - 1
+    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(chi2 / 2)))
+    assert dof >= 3 and p_value > 0.001, (chi2, dof, p_value)
+    again = make_llm(path, speculative_config=ngram(2), **opts)
+    again.engine.proposer.proposer.propose = lambda tokens, k: [12, 9][:k]
+    assert [o.token_ids for o in again.generate([prompt] * 600, params)] == [o.token_ids for o in out]
+
+
+def test_grammar_rows_and_short_prompts_with_speculation(tiny_tok_model):
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'
+    params = [
+        SamplingParams(max_tokens=30, temperature=0, json_schema=schema),
+        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+    ]
+    prompts = ["Give me JSON", "a b a b a b a b"]
+    opts = dict(max_num_seqs=4, max_num_batched_tokens=64, kv_cache_memory=8_000_000)
+    want = [o.token_ids for o in make_llm(tiny_tok_model, **opts).generate(prompts, params)]
+    spec = make_llm(tiny_tok_model, speculative_config=ngram(3), **opts)
+    got = spec.generate(prompts, params)
+    assert [o.token_ids for o in got] == want
+    assert got[0].num_draft_tokens == 0  # a constrained request does not draft
+    short = spec.generate([[7]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))[0]
+    assert len(short.token_ids) == 3  # shorter than prompt_lookup_min + 1: no draft, no error

@@ -21,10 +21,11 @@ from graphrt.passes.noop_elimination import NoopElimination
 from graphrt.passes.use_skinny_gemm import UseSkinnyGemm
 
 # Projections over at most this many rows go to graphrt's skinny GEMM. Measured with
-# `graphrt bench kernels` (SmolLM2's shapes, cold weights): the kernel streams the weights at
-# several times aten's speed from 1 to 16 rows; past that the work per weight byte grows and a
-# blocked GEMM (aten/oneDNN) catches up, so prefill-sized projections stay with aten.
-SKINNY_GEMM_MAX_ROWS = 16
+# `graphrt bench kernels --rows 1,8,16,24,32,48,64` (SmolLM2's shapes, cold weights, fp32): the
+# kernel streams the weights at several times aten's speed from 1 to 16 rows and still 1.5-1.6x
+# at 24-64 (the verify graphs of speculative decoding hold rows x (k + 1) tokens); prefill-sized
+# projections stay with aten's blocked GEMM.
+SKINNY_GEMM_MAX_ROWS = 64
 
 
 @dataclass(frozen=True)

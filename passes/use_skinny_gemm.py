@@ -59,7 +59,7 @@ def _fits(x, weight, bias, max_rows: int) -> bool:
 class UseSkinnyGemm(GraphPass):
     name = "use_skinny_gemm"
 
-    def __init__(self, max_rows: int = 16) -> None:
+    def __init__(self, max_rows: int = 64) -> None:
         super().__init__(max_rows=max_rows)
         self.max_rows = max_rows
 

@@ -61,3 +61,15 @@ def test_bench_kernels_reports_both_engines_against_the_bandwidth():
         assert row["bandwidth_gb_s"] > 0
         assert row["graphrt_gb_s"] > 0 and row["aten_gb_s"] > 0 and row["graphrt_frac"] > 0
         assert set(row["shapes"]["t"]) == {"graphrt", "aten"}
+
+
+def test_bench_spec_reports_speedup_acceptance_and_step_costs(tiny_tok_model, tmp_path):
+    out = tmp_path / "spec.json"
+    argv = ["bench", "spec", "--model", tiny_tok_model, "--batch-sizes", "1", "--ks", "2", "--gen-len", "8"]
+    assert main([*argv, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = {(r["prompts"], r["engine"]): r for r in data["results"]}
+    assert set(rows) == {(p, e) for p in ("repetitive", "ordinary") for e in ("plain", "ngram k=2")}
+    assert all(r["same_output"] and r["tokens_per_s"] > 0 for r in rows.values())
+    assert 0 <= rows[("repetitive", "ngram k=2")]["acceptance"] <= 1
+    assert data["verify_over_main"]["k=2"] > 0

@@ -1,4 +1,4 @@
-"""``graphrt bench decode | kernels | startup | roofline | grammar``."""
+"""``graphrt bench decode | kernels | startup | roofline | grammar | spec``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def _sizes(text: str) -> list[int]:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="benchmarks: decode, kernels, startup, roofline, grammar")
+    p = sub.add_parser("bench", help="benchmarks: decode, kernels, startup, roofline, grammar, spec")
     kinds = p.add_subparsers(dest="bench", required=True)
     for name, help_ in (
         ("decode", "decode tokens/s against transformers"),
@@ -20,6 +20,7 @@ def add_parser(sub) -> None:
         ("startup", "cold vs warm start"),
         ("roofline", "bandwidth and the fraction of it decode reaches"),
         ("grammar", "constrained vs unconstrained step time"),
+        ("spec", "plain decoding against n-gram speculative decoding, side by side"),
     ):
         k = kinds.add_parser(name, help=help_)
         k.add_argument("--json", default=None, help="write the results as JSON here")
@@ -48,6 +49,10 @@ def add_parser(sub) -> None:
         if name == "kernels":
             k.add_argument("--rows", type=_sizes, default=[1, 2, 4, 8, 16], help="activation row counts, e.g. 1,8")
             k.add_argument("--dtypes", default="float32,bfloat16", help="weight/activation dtypes, comma-separated")
+        if name == "spec":
+            k.add_argument("--batch-sizes", type=_sizes, default=[1, 8])
+            k.add_argument("--ks", type=_sizes, default=[3, 5], help="num_speculative_tokens values")
+            k.add_argument("--gen-len", type=int, default=128)
         if name == "grammar":
             k.add_argument("--batch", type=int, default=4)
             k.add_argument("--no-compile", action="store_true")
@@ -80,6 +85,11 @@ def run(args: argparse.Namespace) -> int:
 
         print_facts(machine_facts(args.dtypes))
         result = bench_kernels(args.dtypes.split(","), args.rows)
+    elif args.bench == "spec":
+        from graphrt.bench.spec import bench_spec
+
+        print_facts(machine_facts(args.dtype))
+        result = bench_spec(args.model, args.dtype, args.batch_sizes, args.ks, args.gen_len)
     elif args.bench == "startup":
         from graphrt.bench.startup import bench_startup
 

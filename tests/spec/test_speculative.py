@@ -119,8 +119,10 @@ def test_random_sampling_with_drafts_draws_from_the_target_distribution(tiny_mod
     seen fewer than 10 times pooled) at α = 0.001."""
     path = tiny_model("llama_gqa")
     prompt = [9, 10, 11, 12, 9, 10, 11, 12, 9, 10, 11]
-    opts = dict(max_num_seqs=8, max_num_batched_tokens=64, kv_cache_memory=4_000_000)
-    params = [SamplingParams(max_tokens=3, temperature=0.8, seed=s, ignore_eos=True) for s in range(600)]
+    # a 24-token budget: decoding rows first, then at most one 11-token prefill, so steps fit the
+    # 8-row verify graph (8 x 3 tokens) and keep their drafts
+    opts = dict(max_num_seqs=8, max_num_batched_tokens=24, kv_cache_memory=4_000_000)
+    params = [SamplingParams(max_tokens=6, temperature=0.8, seed=s, ignore_eos=True) for s in range(600)]
     plain = [o.token_ids[1] for o in make_llm(path, **opts).generate([prompt] * 600, params)]
     spec = make_llm(path, speculative_config=ngram(2), **opts)
     spec.engine.proposer.proposer.propose = lambda tokens, k: [12, 9][:k]  # one-hot drafts, always
@@ -163,3 +165,17 @@ def test_grammar_rows_and_short_prompts_with_speculation(tiny_tok_model):
     assert got[0].num_draft_tokens == 0  # a constrained request does not draft
     short = spec.generate([[7]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))[0]
     assert len(short.token_ids) == 3  # shorter than prompt_lookup_min + 1: no draft, no error
+
+
+def test_smollm2_greedy_with_ngram_drafts_is_plain_greedy():
+    from graphrt.bench.spec import repetitive_prompt
+
+    opts = dict(max_num_seqs=2, max_num_batched_tokens=512, kv_cache_memory=200_000_000)
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    prompts = [repetitive_prompt(40), "What is the capital of France? Answer in one sentence."]
+    plain = make_llm(None, **opts)
+    want = [plain.generate([prompts[0]], params)[0].token_ids, plain.generate([prompts[1]], params, chat=True)[0]]
+    spec = make_llm(None, speculative_config=ngram(5), **opts)
+    got = [spec.generate([prompts[0]], params)[0], spec.generate([prompts[1]], params, chat=True)[0]]
+    assert [got[0].token_ids, got[1].token_ids] == [want[0], want[1].token_ids]
+    assert got[0].num_accepted_tokens > 10  # the copy is drafted and accepted

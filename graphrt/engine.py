@@ -392,8 +392,10 @@ class LLMEngine:
             self.grammar_compiler = GrammarCompiler(self.tokenizer.hf, self.loaded.config.vocab_size)
         return self.grammar_compiler.compile(params)
 
-    def _fill_bitmask(self, req_ids: tuple[str, ...], samples) -> np.ndarray | None:
-        """Each constrained row that samples this step gets its matcher's mask; others allow all."""
+    def _fill_bitmask(self, req_ids: tuple[str, ...], samples, drafts=None, span: int = 1) -> np.ndarray | None:
+        """Each constrained row that samples this step gets its matcher's mask; others allow all.
+        In a verify step (``span`` = k + 1 rows of masks a request) a row with drafts gets the
+        mask after each accepted prefix of its drafts (the matcher ends where it started)."""
         rows = [
             (r, self._tracked[rid])
             for r, rid in enumerate(req_ids)
@@ -402,9 +404,14 @@ class LLMEngine:
         if not rows:
             return None
         words = -(-self.loaded.config.vocab_size // 32)
-        mask = np.full((len(req_ids), words), -1, dtype=np.int32)
+        mask = np.full((len(req_ids) * span, words), -1, dtype=np.int32)
         for r, tracked in rows:
-            tracked.no_token_allowed = not tracked.grammar.fill(mask[r])
+            d = (drafts or {}).get(req_ids[r])
+            if d:
+                tracked.grammar.fill_for_draft(list(d), mask[r * span : r * span + len(d) + 1])
+                tracked.no_token_allowed = not mask[r * span].any()
+            else:
+                tracked.no_token_allowed = not tracked.grammar.fill(mask[r * span])
         return mask
 
     def abort(self, request_id: str) -> None:

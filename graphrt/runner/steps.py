@@ -96,7 +96,7 @@ class VerifyStep(MainStep):
         for rid, drafts in out.draft_token_ids.items():  # past the request's tokens, for this step only
             s, n = table.slot_of[rid], table.num_tokens[table.slot_of[rid]]
             table.token_ids[s, n : n + len(drafts)] = drafts
-        base = super().prepare(table, out, bitmask_provider)
+        base = super().prepare(table, out)
         r, span = base.num_reqs, self.k + 1
         num_drafts = np.array([len(out.draft_token_ids.get(rid, ())) for rid in base.req_ids], dtype=np.int64)
         drafts = np.zeros((r, self.k), dtype=np.int64)
@@ -107,10 +107,8 @@ class VerifyStep(MainStep):
         j = np.minimum(np.arange(span)[None, :], num_drafts[:, None])
         last_known = base.query_start_loc[1:] - 1 - num_drafts
         logits_indices = (last_known[:, None] + j).reshape(-1)
-        bitmask = None
-        if base.bitmask is not None:  # constrained rows carry no drafts: their mask is at j = 0
-            bitmask = np.full((r * span, base.bitmask.shape[1]), -1, dtype=np.int32)
-            bitmask[::span] = base.bitmask
+        # a constrained row's masks: at its last token (j = 0) and after each accepted draft prefix
+        bitmask = bitmask_provider(base.req_ids, base.samples, out.draft_token_ids, span) if bitmask_provider else None
         return StepBatch(
             **{
                 **base.__dict__,

@@ -1,11 +1,12 @@
 """Drafter: which running requests get drafts this step, and how many.
 
-A request drafts when it is decoding (its last token is its only uncomputed one), has no grammar
-(its masks would have to follow the drafts), samples greedily or without top-k / top-p / min-p
-filters (rejection sampling scores against the unfiltered distribution), and has room left under
-max_tokens and max_model_len. A request whose drafts keep being rejected stops drafting: after
-``probe`` drafts with an acceptance rate under ``min_acceptance`` a verify step costs it more than
-it saves. And a step takes drafts only when they fill at least half of the verify graph's draft
+A request drafts when it is decoding (its last token is its only uncomputed one), samples
+greedily or without top-k / top-p / min-p filters (rejection sampling scores against the
+unfiltered distribution), and has room left under max_tokens and max_model_len. A request with a
+grammar drafts too: the verify step masks each draft position with the grammar's mask after the
+drafts before it. A request whose drafts keep being rejected stops drafting: after ``probe``
+drafts with an acceptance rate under ``min_acceptance`` a verify step costs it more than it
+saves. And a step takes drafts only when they fill at least half of the verify graph's draft
 slots (k a decoding row): the graph costs its k + 1 token slots for every row, so a few drafts
 among many rows lose more than they gain (`graphrt bench spec`, ordinary prompts at batch 8, k = 3:
 0.82x plain with one draft for every two rows allowed, 0.92x with one a row).
@@ -28,7 +29,7 @@ class Drafter:
     def eligible(self, req, grammar) -> bool:
         p = req.params
         filtered = p.temperature > 0 and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0)
-        if grammar is not None or filtered or req.num_tokens - req.num_computed_tokens != 1:
+        if filtered or req.num_tokens - req.num_computed_tokens != 1:
             return False
         if req.num_draft_tokens >= self.probe and req.num_accepted_tokens < self.min_acceptance * req.num_draft_tokens:
             return False

@@ -150,7 +150,12 @@ def test_random_sampling_with_drafts_draws_from_the_target_distribution(tiny_mod
     assert [o.token_ids for o in again.generate([prompt] * 600, params)] == [o.token_ids for o in out]
 
 
-def test_grammar_rows_and_short_prompts_with_speculation(tiny_tok_model):
+def test_grammar_requests_draft_under_their_masks(tiny_tok_model):
+    """A JSON-schema request drafts (oracle drafts, every third one wrong and mostly illegal): the
+    verify step masks each draft position after the drafts before it, the matcher advances over
+    accepted tokens only, and the output is plain decoding's, schema-valid."""
+    import json
+
     schema = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'
     params = [
         SamplingParams(max_tokens=30, temperature=0, json_schema=schema),
@@ -158,11 +163,15 @@ def test_grammar_rows_and_short_prompts_with_speculation(tiny_tok_model):
     ]
     prompts = ["Give me JSON", "a b a b a b a b"]
     opts = dict(max_num_seqs=4, max_num_batched_tokens=64, kv_cache_memory=8_000_000)
-    want = [o.token_ids for o in make_llm(tiny_tok_model, **opts).generate(prompts, params)]
+    plain = make_llm(tiny_tok_model, **opts)
+    want = plain.generate(prompts, params)
+    ids = [plain.engine.tokenize(p) for p in prompts]
     spec = make_llm(tiny_tok_model, speculative_config=ngram(3), **opts)
+    spec.engine.proposer.proposer = Oracle([i + o.token_ids for i, o in zip(ids, want)], 49152)
     got = spec.generate(prompts, params)
-    assert [o.token_ids for o in got] == want
-    assert got[0].num_draft_tokens == 0  # a constrained request does not draft
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert isinstance(json.loads(got[0].text)["a"], int) and got[0].finish_reason == want[0].finish_reason
+    assert got[0].num_draft_tokens > 0 and 0 < got[0].num_accepted_tokens < got[0].num_draft_tokens
     short = spec.generate([[7]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))[0]
     assert len(short.token_ids) == 3  # shorter than prompt_lookup_min + 1: no draft, no error
 

@@ -22,7 +22,7 @@ from graphrt.artifacts.store import ArtifactStore
 from graphrt.compiler.graph_builder import GraphBuilder, PendingGraph, model_key
 from graphrt.core.block_manager import BlockManager
 from graphrt.core.request import Request
-from graphrt.core.scheduler import NewRequestData, Scheduler, SchedulerConfig, SchedulerOutput
+from graphrt.core.scheduler import Scheduler, SchedulerConfig
 from graphrt.core.stop import Detokenizer, token_stop_reason
 from graphrt.grammar import GrammarCompiler, RequestGrammar
 from graphrt.loader import LoadedModel, load_model, resolve_dtype
@@ -35,10 +35,10 @@ from graphrt.runner.kv_cache import (
     KVCachePlan,
     allocate_kv_caches,
     bytes_per_block,
-    peak_rss_bytes,
     plan_kv_cache,
 )
 from graphrt.runner.model_runner import ModelRunner
+from graphrt.runner.profile_run import worst_case_step_memory
 from graphrt.runner.step_module import StepModule, VerifyStepModule
 from graphrt.sampling_params import InvalidRequestError, SamplingParams
 from graphrt.serving_settings import (
@@ -46,6 +46,7 @@ from graphrt.serving_settings import (
     ServingSettings,
     adopt,
     differences,
+    graphs_to_build,
     mismatch_message,
     model_identity,
 )
@@ -205,13 +206,7 @@ class LLMEngine:
         diffs = differences(self.settings, self.shipped)
         if not diffs:
             return
-        changes_code = {"model", "dtype", "block_size", "passes_disabled", "grammar_backend"}
-        if any(d.split(":")[0] in changes_code for d in diffs):
-            missing = len(self.graphs.all_keys())
-        else:  # other sizes or row counts: the graphs not among the shipped ones
-            ship = self.shipped
-            shipped = GraphCache(ship.capture_sizes, ship.max_num_seqs, 1, 1, ship.speculative_tokens).all_keys()
-            missing = len(set(self.graphs.all_keys()) - set(shipped))
+        missing = graphs_to_build(diffs, self.graphs.all_keys(), self.shipped)
         if missing:
             raise GraphCacheMismatchError(mismatch_message(self.store.root, diffs, missing))
 
@@ -247,28 +242,10 @@ class LLMEngine:
         }
 
     def profile_run(self) -> int:
-        """Run one dummy step at the largest batch and token budget (one long prefill row, the
-        other rows decoding); returns its peak memory growth in bytes (process peak RSS on CPU)."""
-        s = self.sched_config
-        num_tokens = s.max_num_batched_tokens
-        num_reqs = min(s.max_num_seqs, num_tokens)
-        lens = [num_tokens - (num_reqs - 1)] + [1] * (num_reqs - 1)
-        blocks = BlockManager(num_reqs * self.max_blocks + 1, self.block_size, False)
-        caches = allocate_kv_caches(self.loaded.config, blocks.pool.num_blocks, self.block_size, self.dtype)
-        runner = ModelRunner(self.step_module, caches, self.graphs, num_reqs, self.max_model_len)
-        new, scheduled = [], {}
-        for i, n in enumerate(lens):
-            rid = f"profile-{i}"
-            ctx = max(n, 2)
-            params = SamplingParams(max_tokens=1, temperature=1.0, top_k=5)
-            req = Request(rid, [0] * ctx, params, seed=0)
-            new.append(
-                NewRequestData(rid, tuple(req.prompt_token_ids), (), tuple(blocks.allocate(rid, ctx)), ctx - n, req)
-            )
-            scheduled[rid] = n
-        before = peak_rss_bytes()
-        runner.execute(SchedulerOutput(tuple(new), (), scheduled, frozenset()))
-        self.activation_peak = max(peak_rss_bytes() - before, 0)
+        """The worst-case step's peak memory growth in bytes (``runner/profile_run.py``)."""
+        self.activation_peak = worst_case_step_memory(
+            self.step_module, self.graphs, self.sched_config, self.loaded.config, self.dtype, self.block_size
+        )
         return self.activation_peak
 
     def initialize_kv_cache(self) -> KVCachePlan:

@@ -15,7 +15,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
-from graphrt.runner.graph_cache import CaptureSizes
+from graphrt.runner.graph_cache import CaptureSizes, GraphCache
 
 DEFAULTS = {"dtype": "float32", "max_num_seqs": 8, "max_num_batched_tokens": 256, "block_size": 16}
 # What changes a graph's code or its input shapes; the rest is served by the same graphs.
@@ -92,6 +92,16 @@ def differences(wanted: ServingSettings, shipped: ServingSettings) -> list[str]:
         for name in SHAPING
         if getattr(wanted, name) != getattr(shipped, name)
     ]
+
+
+def graphs_to_build(diffs: list[str], wanted_keys: list, shipped: ServingSettings) -> int:
+    """How many of the wanted graphs a cache built with ``shipped`` lacks: all of them when a
+    setting that changes code differs, else those of other sizes or row counts."""
+    changes_code = {"model", "dtype", "block_size", "passes_disabled", "grammar_backend"}
+    if any(d.split(":")[0] in changes_code for d in diffs):
+        return len(wanted_keys)
+    built = GraphCache(shipped.capture_sizes, shipped.max_num_seqs, 1, 1, shipped.speculative_tokens).all_keys()
+    return len(set(wanted_keys) - set(built))
 
 
 def mismatch_message(root: str, diffs: list[str], missing: int) -> str:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from graphrt.artifacts.store import sha256_file
 from graphrt.models.config import ModelConfig
 
 log = logging.getLogger("graphrt.loader")
@@ -42,14 +43,6 @@ class CachedWeights:
     config: ModelConfig
     state: dict[str, torch.Tensor]
     tokenizer_dir: str | None
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def piece_hashes(path: str) -> list[str]:
@@ -105,7 +98,7 @@ class WeightsCache:
         self.root = root
 
     def key(self, checkpoint: str, dtype: torch.dtype) -> str:
-        parts = f"{file_sha256(checkpoint)}|{dtype}|{loader_code_hash()}"
+        parts = f"{sha256_file(checkpoint)}|{dtype}|{loader_code_hash()}"
         return hashlib.sha256(parts.encode()).hexdigest()[:32]
 
     def load(self, key: str) -> CachedWeights | None:

@@ -190,8 +190,10 @@ class LLMEngine:
         self.verify_module, self.proposer, self.spec_stats = None, None, SpecStats()
         if self.spec is not None:
             self.spec.check_budget(self.sched_config.max_num_batched_tokens)
-            self.verify_module = VerifyStepModule(self.loaded.model, self.block_size, self.spec.num_speculative_tokens)
-            self.proposer = Drafter(self.spec)
+            self.verify_module = VerifyStepModule(
+                self.loaded.model, self.block_size, self.spec.num_speculative_tokens, c.grammar_backend
+            )
+            self.proposer = Drafter(self.spec, self._verify_cost_ratio)
         self.grammar_compiler: GrammarCompiler | None = None  # built on the first constrained request
         self.graphs = GraphCache(sizes, num_seqs, self.max_blocks, -(-cfg.vocab_size // 32), spec_k)
         if shipped is not None and not c.rebuild_graph_cache:
@@ -398,6 +400,10 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def _verify_cost_ratio(self, rows: int) -> float | None:
+        main, verify = self.graphs.decode_keys(rows)
+        return self.runner.step_times.ratio(verify, main)
 
     # --- one step ------------------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ from graphrt.kernels.attention import paged_attention
 from graphrt.kernels.cache import reshape_and_cache, slot_mapping
 from graphrt.kernels.checks import KernelArgumentError
 from graphrt.kernels.linear import linear
+from graphrt.kernels.mla import mla_attention
+from graphrt.kernels.moe import moe_experts
 from graphrt.kernels.native_library import load as _load_native
 from graphrt.kernels.norm import fused_add_rms_norm, rms_norm
 from graphrt.kernels.rotary import rotary_embedding
@@ -24,6 +26,8 @@ OPS = (
     "slot_mapping",
     "reshape_and_cache",
     "paged_attention",
+    "mla_attention",
+    "moe_experts",
     "rms_norm",
     "fused_add_rms_norm",
     "rotary_embedding",
@@ -39,6 +43,8 @@ __all__ = [
     "apply_token_bitmask",
     "fused_add_rms_norm",
     "linear",
+    "mla_attention",
+    "moe_experts",
     "paged_attention",
     "rejection_sample",
     "reshape_and_cache",

@@ -93,6 +93,43 @@ def attention_sdpa(q, k, v, k_cache, v_cache, slots, block_tables, seq_lens, que
     return out.reshape(num_tokens, num_heads * head_dim)
 
 
+def mla_attention(
+    q_latent: torch.Tensor,  # [T, H, C]: q_nope with the key up-projection absorbed
+    q_pe: torch.Tensor,  # [T, H, R]: the rotated rope part of the queries
+    latent: torch.Tensor,  # [T, C]: this step's normalised latents
+    k_pe: torch.Tensor,  # [T, R]: this step's rotated shared rope keys
+    latent_cache: torch.Tensor,  # [num_blocks, block_size, 1, C]
+    pe_cache: torch.Tensor,  # [num_blocks, block_size, 1, R]
+    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    token_req: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:  # [T, H, C]
+    """``graphrt::mla_attention`` unfused: write the latents at the slots, gather each token's
+    sequence of latents and rope keys through its row's block table, causal softmax attention in
+    latent space (keys: latent and rope key; values: the latent)."""
+    num_tokens = token_req.shape[0]
+    num_blocks, block_size, _, rank = latent_cache.shape
+    rope_dim = pe_cache.shape[3]
+    write_at = slots.clamp(min=0)
+    latent_cache.view(num_blocks * block_size, rank).index_copy_(0, write_at, latent)
+    pe_cache.view(num_blocks * block_size, rope_dim).index_copy_(0, write_at, k_pe)
+    blocks = block_tables[token_req]
+    keys = latent_cache[blocks].reshape(num_tokens, -1, rank)  # [T, L, C]
+    keys_pe = pe_cache[blocks].reshape(num_tokens, -1, rope_dim)  # [T, L, R]
+    token = torch.arange(num_tokens, device=latent.device)
+    last = seq_lens[token_req] - (query_start_loc[token_req + 1] - token)
+    context = torch.arange(keys.shape[1], device=latent.device)
+    allowed = context[None, :] <= last[:, None]
+    scores = torch.einsum("thc,tlc->thl", q_latent, keys) + torch.einsum("thr,tlr->thl", q_pe, keys_pe)
+    scores = scores.float() * scale
+    scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(q_latent.dtype)
+    return torch.einsum("thl,tlc->thc", probs, keys)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """float32 statistics, cast back before the weight: the order transformers uses."""
     x32 = x.float()
@@ -126,3 +163,38 @@ def sample(
     tokens = torch.where(temperature > 0, drawn, greedy)
     logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
     return tokens, logprobs
+
+
+def rejection_sample(
+    logits: torch.Tensor,  # [R * (K + 1), V]: row r's positions 0..K, row-major
+    bitmask: torch.Tensor,  # [R * (K + 1), ceil(V / 32)]: each position's grammar mask
+    temperature: torch.Tensor,  # [R]
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,  # [R]: the sample offset of position 0
+    draft_token_ids: torch.Tensor,  # [R, K]
+    num_drafts: torch.Tensor,  # [R]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exactly ``graphrt::rejection_sample`` for one-hot drafts: every position sampled as
+    ``sample`` samples it, drafts accepted while they equal those tokens; (tokens, logprobs)
+    [R, K + 1] with −1 (logprob 0) after each row's last kept token."""
+    rows, max_drafts = draft_token_ids.shape
+    span = max_drafts + 1
+    step = torch.arange(span, device=draft_token_ids.device)
+    tokens, logprobs = sample(
+        logits,
+        bitmask,
+        temperature.repeat_interleave(span),
+        top_k.repeat_interleave(span),
+        top_p.repeat_interleave(span),
+        min_p.repeat_interleave(span),
+        seeds.repeat_interleave(span),
+        (offsets[:, None] + step).reshape(-1),
+    )
+    tokens, logprobs = tokens.view(rows, span), logprobs.view(rows, span)
+    match = (tokens[:, :-1] == draft_token_ids) & (step[None, :-1] < num_drafts[:, None])
+    accepted = match.long().cumprod(dim=1).sum(dim=1)
+    kept = step[None, :] <= accepted[:, None]
+    return torch.where(kept, tokens, -1), torch.where(kept, logprobs, 0.0)

@@ -17,6 +17,14 @@ NPU_LOWERING: dict[str, tuple[str | None, str]] = {
         "torch_npu.npu_fused_infer_attention_score / torch_npu._npu_paged_attention",
         "prefill rows through the fused-infer op, decode rows through _npu_paged_attention",
     ),
+    "mla_attention": (
+        "torch_npu.npu_mla_prolog / torch_npu.npu_fused_infer_attention_score",
+        "latent cache write + attention with the nope/rope caches split as here (vllm-ascend's TorchAir MLA)",
+    ),
+    "moe_experts": (
+        "torch_npu.npu_moe_init_routing / npu_grouped_matmul / npu_moe_finalize_routing",
+        "tokens sorted by expert, one grouped matmul per projection, weighted un-permute",
+    ),
     "rms_norm": ("torch_npu.npu_rms_norm", "returns (y, rstd); graphrt keeps y"),
     "fused_add_rms_norm": ("torch_npu.npu_add_rms_norm", "returns (y, rstd, x + residual)"),
     "rotary_embedding": ("torch_npu.npu_rotary_mul", "NeoX layout; GPT-J layout has no NPU op"),

@@ -197,46 +197,84 @@ def sample(
 def rejection_sample(
     draft_token_ids: torch.Tensor,  # [N, K]
     num_draft_tokens: torch.Tensor,  # [N] int: drafts used in each row (≤ K)
-    draft_probs: torch.Tensor | None,  # [N, K, V] or None (a greedy draft: one-hot)
+    draft_probs: torch.Tensor | None,  # [N, K, V] or None (one-hot drafts, e.g. n-gram)
     target_logits: torch.Tensor,  # [N, K + 1, V]
     temperature: torch.Tensor,  # [N]; 0 means greedy
+    top_k: torch.Tensor,  # [N]
+    top_p: torch.Tensor,  # [N]
+    min_p: torch.Tensor,  # [N]
     seeds: torch.Tensor,  # [N]
-    offsets: torch.Tensor,  # [N]: position of the first token this verify step emits
-) -> torch.Tensor:  # [N, K + 1] int64: accepted drafts, then one recovered or bonus token; −1 after
+    offsets: torch.Tensor,  # [N]: sample offset of position 0; position i draws at offset + i
+    bitmask: torch.Tensor | None = None,  # [N, K + 1, ceil(V / 32)]: position i's grammar mask
+) -> tuple[torch.Tensor, torch.Tensor]:  # [N, K + 1]: accepted drafts, one more token, −1 after
     n, k_max = draft_token_ids.shape
     out = torch.full((n, k_max + 1), -1, dtype=torch.int64)
+    out_lp = torch.zeros((n, k_max + 1), dtype=torch.float32)
     for r in range(n):
         k = int(num_draft_tokens[r])
-        temp = float(temperature[r])
+        params = (float(temperature[r]), int(top_k[r]), float(top_p[r]), float(min_p[r]))
         for i in range(k + 1):
             logits = target_logits[r, i].float()
-            if temp == 0.0:
-                target_tok = int(torch.argmax(logits))
-                if i < k and int(draft_token_ids[r, i]) == target_tok:
-                    out[r, i] = target_tok
-                    continue
-                out[r, i] = target_tok  # the first mismatch, or the bonus token
-                break
-            p = torch.softmax(logits.double() / temp, -1)
+            if bitmask is not None:
+                logits = apply_token_bitmask(logits[None], bitmask[r, i][None])[0]
             seed, off = seeds[r : r + 1], offsets[r : r + 1] + i
-            if i == k:  # every draft accepted: the bonus token
-                out[r, i] = inverse_cdf(p, float(row_uniform(seed, off, 0)[0]))
-                break
-            d = int(draft_token_ids[r, i])
-            u = float(row_uniform(seed, off, 1)[0])
-            if draft_probs is None:
-                accepted = float(p[d]) >= u
-                q = torch.zeros_like(p)
-                q[d] = 1.0
+            if params[0] == 0.0:
+                plain = int(torch.argmax(logits))
+                p = None
             else:
-                q = draft_probs[r, i].double()
-                accepted = u < min(1.0, float(p[d]) / max(float(q[d]), 1e-30))
-            if accepted:
-                out[r, i] = d
-                continue
-            residual = (p - q).clamp(min=0)
-            if float(residual.sum()) <= 0:
-                residual = p
-            out[r, i] = inverse_cdf(residual, float(row_uniform(seed, off, 2)[0]))
-            break
+                p = processed_probs(logits, *params)
+                plain = inverse_cdf(p, float(row_uniform(seed, off, 0)[0]))
+            tok = plain  # the token plain decoding samples here: the bonus, or a one-hot verdict
+            accepted = False
+            if i < k:
+                d = int(draft_token_ids[r, i])
+                if draft_probs is None or p is None:
+                    accepted = d == plain
+                else:
+                    q = draft_probs[r, i].double()
+                    u = float(row_uniform(seed, off, 1)[0])
+                    accepted = u < min(1.0, float(p[d]) / max(float(q[d]), 1e-30))
+                    if not accepted:
+                        residual = (p - q).clamp(min=0)
+                        tok = inverse_cdf(
+                            residual if float(residual.sum()) > 0 else p, float(row_uniform(seed, off, 2)[0])
+                        )
+            out[r, i] = draft_token_ids[r, i] if accepted else tok
+            out_lp[r, i] = torch.log_softmax(logits, -1)[int(out[r, i])]
+            if not accepted:
+                break
+    return out, out_lp
+
+
+def mla_attention(
+    q_latent, q_pe, latent, k_pe, latent_cache, pe_cache, slots, block_tables, seq_lens, query_start_loc, scale
+):
+    """Latent attention one query token at a time (caches written first, in place): token t of
+    row r attends to the row's first ``seq_len - (qsl[r + 1] - t) + 1`` cache entries."""
+    flat_c, flat_r = latent_cache.view(-1, latent_cache.shape[-1]), pe_cache.view(-1, pe_cache.shape[-1])
+    for t in range(latent.shape[0]):
+        if int(slots[t]) >= 0:
+            flat_c[int(slots[t])] = latent[t]
+            flat_r[int(slots[t])] = k_pe[t]
+    out = torch.zeros_like(q_latent)
+    bs = latent_cache.shape[1]
+    for r in range(block_tables.shape[0]):
+        for t in range(int(query_start_loc[r]), int(query_start_loc[r + 1])):
+            n = int(seq_lens[r]) - (int(query_start_loc[r + 1]) - t) + 1
+            idx = [int(block_tables[r, j // bs]) * bs + j % bs for j in range(n)]
+            keys, keys_pe = flat_c[idx].float(), flat_r[idx].float()  # [n, C], [n, R]
+            scores = (q_latent[t].float() @ keys.T + q_pe[t].float() @ keys_pe.T) * scale  # [H, n]
+            out[t] = (torch.softmax(scores, -1) @ keys).to(out.dtype)
+    return out
+
+
+def moe_experts(x, topk_ids, topk_weights, w_gate_up, w_down):
+    """Each token through each of its experts, one at a time."""
+    inter = w_down.shape[2]
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(topk_ids.shape[1]):
+            e = int(topk_ids[t, j])
+            gate, up = (w_gate_up[e] @ x[t]).split(inter)
+            out[t] += float(topk_weights[t, j]) * (w_down[e] @ (torch.nn.functional.silu(gate) * up))
     return out

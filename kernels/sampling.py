@@ -172,63 +172,102 @@ def sample(
 # --- rejection sampling ---------------------------------------------------------------------
 
 
+def _leading_matches(tokens: torch.Tensor, draft_token_ids: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:
+    """[N]: how many of each row's drafts agree with its tokens before the first disagreement."""
+    step = torch.arange(draft_token_ids.shape[1], device=tokens.device)
+    match = (tokens[:, :-1] == draft_token_ids) & (step < num_drafts[:, None])
+    return match.long().cumprod(dim=1).sum(dim=1)
+
+
 def _rejection_sample(
     draft_token_ids: torch.Tensor,
     num_draft_tokens: torch.Tensor,
     draft_probs: Optional[torch.Tensor],
     target_logits: torch.Tensor,
     temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
     seeds: torch.Tensor,
     offsets: torch.Tensor,
-) -> torch.Tensor:
-    n, k_max = draft_token_ids.shape
-    out = torch.full((n, k_max + 1), -1, dtype=torch.int64)
-    target_argmax = target_logits.argmax(dim=-1)  # [N, K+1]
-    temp = torch.where(temperature > 0, temperature, 1.0).double()
-    p = torch.softmax(target_logits.double() / temp[:, None, None], dim=-1)  # [N, K+1, V]
-    steps = torch.arange(k_max + 1)
-    u_accept = row_uniform(seeds.repeat_interleave(k_max + 1), (offsets[:, None] + steps).flatten(), 1).view(n, -1)
-    drafts, counts, temps = draft_token_ids.tolist(), num_draft_tokens.tolist(), temperature.tolist()
-    for r in range(n):
-        k = counts[r]
-        for i in range(k + 1):
-            if temps[r] == 0.0:
-                tok = int(target_argmax[r, i])
-                out[r, i] = tok
-                if i == k or drafts[r][i] != tok:
-                    break
-                continue
-            seed, off = seeds[r : r + 1], offsets[r : r + 1] + i
-            if i == k:  # every draft accepted: the bonus token from the target itself
-                out[r, i] = draw(p[r, i][None], row_uniform(seed, off, 0))[0]
-                break
-            d = drafts[r][i]
-            if draft_probs is None:  # a greedy draft: its distribution is one-hot at d
-                q = torch.zeros_like(p[r, i])
-                q[d] = 1.0
-                accepted = bool(p[r, i, d] >= u_accept[r, i])
-            else:
-                q = draft_probs[r, i].double()
-                accepted = bool(u_accept[r, i] < torch.clamp(p[r, i, d] / q[d].clamp(min=1e-30), max=1.0))
-            if accepted:
-                out[r, i] = d
-                continue
-            residual = (p[r, i] - q).clamp(min=0)
-            if not bool(residual.sum() > 0):
-                residual = p[r, i]
-            out[r, i] = draw(residual[None], row_uniform(seed, off, 2))[0]
-            break
-    return out
-
-
-def _rejection_sample_fake(draft_token_ids, num_draft_tokens, draft_probs, target_logits, temperature, seeds, offsets):
+    bitmask: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
     n, k = draft_token_ids.shape
-    return torch.empty((n, k + 1), dtype=torch.int64, device=draft_token_ids.device)
+    span = k + 1
+    step = torch.arange(span, device=target_logits.device)
+    positions = (offsets[:, None] + step).reshape(-1)
+    rep = [t.repeat_interleave(span) for t in (temperature, top_k, top_p, min_p, seeds)]
+    # every position sampled exactly as a main step samples it: the plain token at that position
+    tokens, logprobs = _sample(target_logits, rep[0], rep[1], rep[2], rep[3], rep[4], positions, bitmask)
+    tokens, logprobs = tokens.view(n, span), logprobs.view(n, span)
+    if draft_probs is None:  # one-hot drafts: accepted while they equal the plain tokens
+        accepted = _leading_matches(tokens, draft_token_ids, num_draft_tokens)
+    else:
+        tokens, logprobs, accepted = _accept_by_ratio(
+            tokens, logprobs, draft_token_ids, num_draft_tokens, draft_probs, target_logits, rep, positions, bitmask
+        )
+    kept = step <= accepted[:, None]
+    return torch.where(kept, tokens, -1), torch.where(kept, logprobs, 0.0)
+
+
+def _accept_by_ratio(tokens, logprobs, drafts, num_drafts, draft_probs, logits, rep, positions, bitmask):
+    """The standard rule for drafts with a distribution q: random rows accept draft d with
+    probability min(1, p(d) / q(d)) and, at the first rejection, draw from the normalised residual
+    max(p − q, 0); greedy rows accept while the draft is the argmax. p is the filtered target
+    distribution the row samples from. The bonus token is the plain draw."""
+    n, k = drafts.shape
+    span, vocab = k + 1, logits.shape[-1]
+    logits = logits.float()
+    if bitmask is not None:
+        logits = logits.masked_fill(~unpack_bitmask(bitmask, vocab), float("-inf"))
+    p = filtered_probs(logits, *rep[:4]).view(n, span, vocab)[:, :k]
+    q = draft_probs.double()
+    ratio = (p.gather(2, drafts[..., None]) / q.gather(2, drafts[..., None]).clamp(min=1e-30))[..., 0]
+    u = row_uniform(rep[4], positions, 1).view(n, span)[:, :k]
+    random = rep[0].view(n, span)[:, 0] > 0
+    ok = torch.where(random[:, None], u < ratio.clamp(max=1.0), drafts == tokens[:, :-1])
+    step = torch.arange(k, device=drafts.device)
+    accepted = (ok & (step < num_drafts[:, None])).long().cumprod(dim=1).sum(dim=1)
+    # accepted drafts, then at a random row's first rejection a draw from the residual; the
+    # plain token stays where nothing was rejected (the bonus) and in greedy rows
+    tokens = torch.cat([torch.where(step < accepted[:, None], drafts, tokens[:, :-1]), tokens[:, -1:]], dim=1)
+    redo = random & (accepted < num_drafts)
+    if bool(redo.any()):
+        at = accepted.clamp(max=k - 1)
+        rows = torch.arange(n, device=drafts.device)
+        residual = (p[rows, at] - q[rows, at]).clamp(min=0)
+        residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p[rows, at])
+        seed_at = rep[4].view(n, span)[:, 0]
+        drawn = draw(residual, row_uniform(seed_at, positions.view(n, span)[rows, at], 2))
+        tokens[rows[redo], at[redo]] = drawn[redo]
+    logprobs = torch.log_softmax(logits, dim=-1).view(n, span, vocab).gather(2, tokens[..., None])[..., 0]
+    return tokens, logprobs, accepted
+
+
+def _rejection_sample_fake(
+    draft_token_ids,
+    num_draft_tokens,
+    draft_probs,
+    target_logits,
+    temperature,
+    top_k,
+    top_p,
+    min_p,
+    seeds,
+    offsets,
+    bitmask,
+):
+    n, k = draft_token_ids.shape
+    return (
+        torch.empty((n, k + 1), dtype=torch.int64, device=draft_token_ids.device),
+        torch.empty((n, k + 1), dtype=torch.float32, device=draft_token_ids.device),
+    )
 
 
 define(
-    "rejection_sample(Tensor draft_token_ids, Tensor num_draft_tokens, Tensor? draft_probs, "
-    "Tensor target_logits, Tensor temperature, Tensor seeds, Tensor offsets) -> Tensor",
+    "rejection_sample(Tensor draft_token_ids, Tensor num_draft_tokens, Tensor? draft_probs, Tensor target_logits, "
+    "Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, Tensor seeds, Tensor offsets, Tensor? bitmask) "
+    "-> (Tensor, Tensor)",
     _rejection_sample,
     _rejection_sample_fake,
 )
@@ -242,24 +281,63 @@ def rejection_sample(
     seeds: torch.Tensor,
     offsets: torch.Tensor,
     draft_probs: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """Verify K draft tokens per row against the target's K+1 logits (vLLM's semantics).
-    Returns [N, K+1]: accepted drafts, then the recovered (or bonus) token, then −1."""
+    top_k: Optional[torch.Tensor] = None,
+    top_p: Optional[torch.Tensor] = None,
+    min_p: Optional[torch.Tensor] = None,
+    bitmask: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify up to K draft tokens a row against the target's logits at its K + 1 positions
+    (``target_logits`` [N, K + 1, V]; position i scores the token after i drafts, so its grammar
+    mask, ``bitmask`` [N, K + 1, ceil(V / 32)], is the one after those drafts). ``offsets`` is each
+    row's sample offset at position 0; position i samples at offset + i.
+
+    Every position is sampled exactly as ``sample`` samples a row (temperature, top-k / top-p /
+    min-p, seed and offset). Drafts without ``draft_probs`` (one-hot, e.g. n-gram) are accepted
+    while they equal those tokens: the standard rule's outcome for a one-hot q (accept with
+    probability p(d), else a draw from p without d), drawn so that a row's tokens are exactly the
+    ones plain decoding would sample. With ``draft_probs`` [N, K, V] the standard min(1, p/q) rule
+    and residual draw apply. Returns ``(tokens, logprobs)``, both [N, K + 1]: the accepted drafts,
+    then one more token, then −1 (logprob 0)."""
     checks.check_ndim("draft_token_ids", draft_token_ids, 2, "[rows, max_drafts]")
     checks.check_int("draft_token_ids", draft_token_ids)
     n, k = draft_token_ids.shape
     checks.check_ndim("target_logits", target_logits, 3, "[rows, max_drafts + 1, vocab]")
+    checks.check_float("target_logits", target_logits)
     checks.check_dim("target_logits", target_logits, 0, n, "rows of draft_token_ids")
     checks.check_dim("target_logits", target_logits, 1, k + 1, "max_drafts + 1")
-    _check_rows(n, num_draft_tokens=num_draft_tokens, temperature=temperature, seeds=seeds, offsets=offsets)
+    vocab = target_logits.shape[2]
+    top_k = torch.zeros(n, dtype=torch.int64) if top_k is None else top_k
+    top_p = torch.ones(n) if top_p is None else top_p
+    min_p = torch.zeros(n) if min_p is None else min_p
+    _check_rows(
+        n,
+        num_draft_tokens=num_draft_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seeds=seeds,
+        offsets=offsets,
+    )
     if bool((num_draft_tokens > k).any()) or bool((num_draft_tokens < 0).any()):
         raise checks.KernelArgumentError(f"num_draft_tokens {num_draft_tokens.tolist()} must lie in [0, {k}]")
-    if draft_probs is not None:
-        checks.check_ndim("draft_probs", draft_probs, 3, "[rows, max_drafts, vocab]")
-        if draft_probs.shape != (n, k, target_logits.shape[2]):
-            raise checks.KernelArgumentError(
-                f"draft_probs shape {tuple(draft_probs.shape)} must be {(n, k, target_logits.shape[2])}"
-            )
+    if draft_probs is not None and draft_probs.shape != (n, k, vocab):
+        raise checks.KernelArgumentError(f"draft_probs shape {tuple(draft_probs.shape)} must be {(n, k, vocab)}")
+    if bitmask is not None:
+        words = (vocab + 31) // 32
+        if bitmask.shape != (n, k + 1, words):
+            raise checks.KernelArgumentError(f"bitmask shape {tuple(bitmask.shape)} must be {(n, k + 1, words)}")
+        bitmask = bitmask.reshape(n * (k + 1), words)
     return torch.ops.graphrt.rejection_sample(
-        draft_token_ids, num_draft_tokens, draft_probs, target_logits, temperature, seeds, offsets
+        draft_token_ids,
+        num_draft_tokens,
+        draft_probs,
+        target_logits.reshape(n * (k + 1), vocab),
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seeds,
+        offsets,
+        bitmask,
     )

@@ -15,6 +15,7 @@ import torch.fx as fx
 from graphrt.passes.base import GraphPass, PassResult
 from graphrt.passes.fuse_add_rms_norm import FuseAddRmsNorm
 from graphrt.passes.fuse_attention import FuseAttention
+from graphrt.passes.fuse_mla_attention import FuseMLAAttention
 from graphrt.passes.fuse_sampling import FuseSampling
 from graphrt.passes.fuse_slot_mapping import FuseSlotMapping
 from graphrt.passes.noop_elimination import NoopElimination
@@ -41,6 +42,11 @@ PIPELINE: tuple[Entry, ...] = (
         FuseSlotMapping,
         "first: attention's pattern takes the slot mapping as an input, so the "
         "step's one slot_mapping op must exist before the layers are fused",
+    ),
+    Entry(
+        FuseMLAAttention,
+        "latent attention (DeepSeek) with its latent-cache write; after slot mapping, like attention; before "
+        "fuse_attention, whose witness counts the einsums left over",
     ),
     Entry(FuseAttention, "the core fusion: cache write + gather + softmax attention per layer"),
     Entry(FuseSampling, "independent of the model body; after attention so the report reads in step order"),

@@ -72,4 +72,4 @@ def test_bench_spec_reports_speedup_acceptance_and_step_costs(tiny_tok_model, tm
     assert set(rows) == {(p, e) for p in ("repetitive", "ordinary") for e in ("plain", "ngram k=2")}
     assert all(r["same_output"] and r["tokens_per_s"] > 0 for r in rows.values())
     assert 0 <= rows[("repetitive", "ngram k=2")]["acceptance"] <= 1
-    assert data["verify_over_main"]["k=2"] > 0
+    assert data["verify_over_main"]["k=2 rows=1"] > 0

@@ -40,6 +40,60 @@ TINY_CONFIGS = {
             ),
         ),
     ),
+    # DeepSeek-V3: MLA with q LoRA, YaRN (mscale), a dense first layer, then MoE layers with a
+    # shared expert and group-limited routing (4 groups of 4 experts, the best 2 groups, top 3)
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        dict(
+            num_hidden_layers=3,
+            num_key_value_heads=4,
+            q_lora_rank=48,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=24,
+            first_k_dense_replace=1,
+            n_routed_experts=16,
+            num_experts_per_tok=3,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=10000.0,
+                factor=4.0,
+                original_max_position_embeddings=128,
+                beta_fast=32,
+                beta_slow=1,
+                mscale=1.0,
+                mscale_all_dim=1.0,
+            ),
+        ),
+    ),
+    # no q LoRA, NeoX-layout rope without scaling, unnormalised top-k weights, no shared expert
+    "deepseek_v3_plain": (
+        "DeepseekV3Config",
+        dict(
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=16,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=16,
+            v_head_dim=16,
+            rope_interleave=False,
+            first_k_dense_replace=1,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            n_shared_experts=0,
+            n_group=1,
+            topk_group=1,
+            norm_topk_prob=False,
+            routed_scaling_factor=1.0,
+        ),
+    ),
 }
 
 
@@ -53,8 +107,13 @@ def make_hf_model(name: str, seed: int = 0):
         "LlamaConfig": transformers.LlamaForCausalLM,
         "Qwen2Config": transformers.Qwen2ForCausalLM,
         "Qwen3Config": transformers.Qwen3ForCausalLM,
+        "DeepseekV3Config": transformers.DeepseekV3ForCausalLM,
     }[cls_name]
-    return model_cls(cfg).eval()
+    model = model_cls(cfg).eval()
+    for name, buf in model.named_buffers():  # transformers starts the routers' correction bias at 0
+        if name.endswith("e_score_correction_bias"):
+            buf.copy_(torch.randn_like(buf) * 0.1)
+    return model
 
 
 def save_tiny(name: str, root: str, seed: int = 0) -> str:

@@ -5,7 +5,7 @@ of a third copy: the continuation repeats the input, the case prompt lookup is f
 chat prompts. Batch 1 and 8, greedy, every engine on the same prompts in one run, interleaved;
 greedy outputs are compared token for token. Speeds are decode tokens/s: from the moment every
 request has its first token to the end (prefill is the same work with or without drafts). Also
-the cost of one verify step against one main step (their graphs replayed at one row).
+the cost of one verify step against one main step (their graphs replayed at each batch size).
 """
 
 from __future__ import annotations
@@ -79,11 +79,11 @@ def _timed(llm, prompts, params, chat: bool) -> tuple[list[list[int]], float]:
     return tokens, time.perf_counter() - first
 
 
-def _step_costs(llm, k: int, repeats: int = 30) -> dict:
-    """Median seconds of one replay of the 1-row main graph and of the 1-row verify graph."""
+def _step_costs(llm, k: int, rows: int, repeats: int = 30) -> dict:
+    """Median seconds of one replay of the main graph and of the verify graph at ``rows`` rows."""
     out = {}
     for key, graph in llm.engine.graphs.graphs.items():
-        if key.num_reqs == 1 and key.name in ("main-t1-r1", f"verify-t{k + 1}-r1"):
+        if key.name in (f"main-t{rows}-r{rows}", f"verify-t{rows * (k + 1)}-r{rows}"):
             times = []
             for _ in range(repeats):
                 t = time.perf_counter()
@@ -139,8 +139,9 @@ def bench_spec(model, dtype: str, batch_sizes: list[int], ks: list[int], gen_len
                 engines[name].engine.spec_stats.__init__()
     costs = {}
     for k in ks:
-        c = _step_costs(engines[f"ngram k={k}"], k)
-        if len(c) == 2:
-            costs[f"k={k}"] = c["verify"] / c["main"]
-            print(f"verify step (1 row, {k} drafts) / main step (1 row): {costs[f'k={k}']:.2f}")
+        for rows in batch_sizes:
+            c = _step_costs(engines[f"ngram k={k}"], k, rows)
+            if len(c) == 2:
+                costs[f"k={k} rows={rows}"] = c["verify"] / c["main"]
+                print(f"verify step ({rows} row(s), {k} drafts each) / main step: {c['verify'] / c['main']:.2f}")
     return {"results": results, "verify_over_main": costs, "gen_len": gen_len}

@@ -13,8 +13,8 @@ from graphrt.loader import hf_dir
 from graphrt.loader.gguf_file import GGUFCheckpoint
 from graphrt.loader.weights import CheckpointError, TensorSource, build_model, convert_state_dict
 from graphrt.loader.weights_cache import WeightsCache
+from graphrt.models import DeepseekV3ForCausalLM, LlamaForCausalLM
 from graphrt.models.config import ModelConfig
-from graphrt.models.llama import LlamaForCausalLM
 from graphrt.tokenizer import Tokenizer, load_hf_tokenizer
 from graphrt.user_cache import weights_cache_dir
 
@@ -27,7 +27,7 @@ __all__ = ["CheckpointError", "LoadedModel", "default_model_path", "load_model",
 
 @dataclass
 class LoadedModel:
-    model: LlamaForCausalLM
+    model: torch.nn.Module  # LlamaForCausalLM or DeepseekV3ForCausalLM
     config: ModelConfig
     tokenizer: Tokenizer | None
     eos_token_ids: tuple[int, ...]
@@ -60,7 +60,7 @@ def load_model(model: Any = None, dtype: str | torch.dtype = "float32") -> Loade
     dt = resolve_dtype(dtype)
     if model is None:
         model = default_model_path()
-    if isinstance(model, LlamaForCausalLM):
+    if isinstance(model, (LlamaForCausalLM, DeepseekV3ForCausalLM)):
         return LoadedModel(model.to(dt).eval(), model.config, None, model.config.eos_token_ids, "graphrt-model")
     if isinstance(model, torch.nn.Module):
         return _from_transformers(model, dt)

@@ -10,9 +10,10 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from graphrt.loader import deepseek_weights
+from graphrt.models import model_class
 from graphrt.models.config import ModelConfig
 from graphrt.models.layers import RotaryEmbedding
-from graphrt.models.llama import LlamaForCausalLM
 
 
 class CheckpointError(ValueError):
@@ -96,15 +97,24 @@ def convert_state_dict(cfg: ModelConfig, src: TensorSource, dtype: torch.dtype) 
     }
     if not cfg.tie_word_embeddings:
         state["lm_head.weight"] = src.get("lm_head.weight", (v, h))
+    layer = deepseek_weights.layer_tensors if cfg.mla is not None else _layer_tensors
     for i in range(cfg.num_layers):
-        state.update(_layer_tensors(cfg, src, i))
-    return {k: t.to(dtype).contiguous() for k, t in state.items()}
+        state.update(layer(cfg, src, i))
+    return {k: t.to(_dtype_of(k, dtype)).contiguous() for k, t in state.items()}
 
 
-def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype) -> LlamaForCausalLM:
+def _dtype_of(name: str, dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if name.endswith(deepseek_weights.FLOAT32_SUFFIXES) else dtype
+
+
+def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.nn.Module:
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
+        model = model_class(cfg)(cfg)
     model.load_state_dict(state, strict=True, assign=True)
     # Non-persistent buffers are not in the state dict: build them for real.
     model.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim)
-    return model.to(dtype).eval().requires_grad_(False)
+    keep = {p: p.data for name, p in model.named_parameters() if name.endswith(deepseek_weights.FLOAT32_SUFFIXES)}
+    model.to(dtype)
+    for p, data in keep.items():  # a MoE router stays float32 whatever the model's dtype
+        p.data = data
+    return model.eval().requires_grad_(False)

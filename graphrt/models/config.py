@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "DeepseekV3ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 SUPPORTED_ACTIVATIONS = ("silu",)
 
 
@@ -24,6 +25,62 @@ class RopeConfig:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     partial_rotary_factor: float = 1.0
+    # YaRN
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 0.0  # 0: unset
+    mscale_all_dim: float = 0.0
+    attention_factor: float | None = None  # the cos/sin scale; None: derived from factor and mscale
+
+    @property
+    def cos_sin_scale(self) -> float:
+        """YaRN's attention factor, applied to cos and sin (1 for other rope types)."""
+        if self.type != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        if self.mscale and self.mscale_all_dim:
+            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim)
+        return yarn_mscale(self.factor)
+
+    @property
+    def softmax_scale_factor(self) -> float:
+        """DeepSeek's YaRN correction of the attention softmax scale: mscale(factor, mscale_all_dim)²."""
+        if self.type == "default" or not self.mscale_all_dim:
+            return 1.0
+        return yarn_mscale(self.factor, self.mscale_all_dim) ** 2
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3)."""
+
+    q_lora_rank: int | None  # None: one q_proj; else q_a_proj → norm → q_b_proj
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool = True
+    attention_bias: bool = False
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """DeepSeek-V3 mixture of experts: sigmoid scores, group-limited top-k, shared experts."""
+
+    num_experts: int
+    experts_per_token: int
+    intermediate_size: int
+    num_shared_experts: int
+    first_dense_layers: int  # first_k_dense_replace
+    num_groups: int
+    topk_groups: int
+    routed_scaling_factor: float
+    norm_topk_prob: bool
 
 
 @dataclass(frozen=True)
@@ -46,6 +103,9 @@ class ModelConfig:
     qk_norm: bool = False  # Qwen3
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    mla: MLAConfig | None = None
+    moe: MoEConfig | None = None
+    num_mtp_layers: int = 0  # num_nextn_predict_layers: multi-token-prediction layers after the model's
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -63,7 +123,22 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """The inverse of ``to_dict`` (a JSON round trip included)."""
-        return cls(**{**d, "rope": RopeConfig(**d["rope"]), "eos_token_ids": tuple(d["eos_token_ids"])})
+        return cls(
+            **{
+                **d,
+                "rope": RopeConfig(**d["rope"]),
+                "eos_token_ids": tuple(d["eos_token_ids"]),
+                "mla": MLAConfig(**d["mla"]) if d.get("mla") else None,
+                "moe": MoEConfig(**d["moe"]) if d.get("moe") else None,
+            }
+        )
+
+    def kv_cache_dims(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(heads, dim) of each layer's two cache tensors: K and V, or for MLA the latent and the
+        rope key (one entry per token, not per head)."""
+        if self.mla is not None:
+            return (1, self.mla.kv_lora_rank), (1, self.mla.qk_rope_head_dim)
+        return (self.num_kv_heads, self.head_dim), (self.num_kv_heads, self.head_dim)
 
     @property
     def rotary_dim(self) -> int:
@@ -85,6 +160,9 @@ class ModelConfig:
         num_heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
         head_dim = cfg.get("head_dim") or hidden // num_heads
+        mla, moe = (_parse_mla(cfg), _parse_moe(cfg)) if arch == "DeepseekV3ForCausalLM" else (None, None)
+        if mla is not None:
+            head_dim = mla.qk_rope_head_dim  # the rotary part; the cache holds latents
         is_qwen2 = arch == "Qwen2ForCausalLM"
         attention_bias = bool(cfg.get("attention_bias", False))
         return cls(
@@ -106,7 +184,42 @@ class ModelConfig:
             qk_norm=arch == "Qwen3ForCausalLM",
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_as_tuple(cfg.get("eos_token_id")),
+            mla=mla,
+            moe=moe,
+            num_mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0) if mla is not None else 0,
         )
+
+
+def _parse_mla(cfg: dict[str, Any]) -> MLAConfig:
+    return MLAConfig(
+        q_lora_rank=cfg.get("q_lora_rank"),
+        kv_lora_rank=cfg["kv_lora_rank"],
+        qk_nope_head_dim=cfg["qk_nope_head_dim"],
+        qk_rope_head_dim=cfg["qk_rope_head_dim"],
+        v_head_dim=cfg["v_head_dim"],
+        rope_interleave=bool(cfg.get("rope_interleave", True)),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+    )
+
+
+def _parse_moe(cfg: dict[str, Any]) -> MoEConfig | None:
+    experts = cfg.get("n_routed_experts")
+    if not experts:
+        return None
+    moe = MoEConfig(
+        num_experts=experts,
+        experts_per_token=cfg["num_experts_per_tok"],
+        intermediate_size=cfg["moe_intermediate_size"],
+        num_shared_experts=cfg.get("n_shared_experts") or 0,
+        first_dense_layers=cfg.get("first_k_dense_replace", 0),
+        num_groups=cfg.get("n_group") or 1,
+        topk_groups=cfg.get("topk_group") or 1,
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+    )
+    if moe.num_experts % moe.num_groups:
+        raise UnsupportedModelError(f"n_routed_experts={experts} is not a multiple of n_group={moe.num_groups}")
+    return moe
 
 
 def _arch_from_model_type(model_type: str | None) -> str:
@@ -114,6 +227,7 @@ def _arch_from_model_type(model_type: str | None) -> str:
         "llama": "LlamaForCausalLM",
         "qwen2": "Qwen2ForCausalLM",
         "qwen3": "Qwen3ForCausalLM",
+        "deepseek_v3": "DeepseekV3ForCausalLM",
     }.get(model_type or "", f"<model_type {model_type!r}>")
 
 
@@ -145,4 +259,9 @@ def _parse_rope(cfg: dict[str, Any]) -> RopeConfig:
             params.get("original_max_position_embeddings", cfg.get("max_position_embeddings", 8192))
         ),
         partial_rotary_factor=float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))),
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        mscale=float(params.get("mscale") or 0.0),
+        mscale_all_dim=float(params.get("mscale_all_dim") or 0.0),
+        attention_factor=params.get("attention_factor"),
     )

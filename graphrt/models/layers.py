@@ -39,7 +39,27 @@ def rope_inv_freq(rope: RopeConfig, rotary_dim: int) -> torch.Tensor:
         smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
         is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return torch.where(is_medium, smoothed, scaled)
+    if rope.type == "yarn":
+        return _yarn_inv_freq(rope, rotary_dim, inv_freq)
     return inv_freq
+
+
+def _yarn_inv_freq(rope: RopeConfig, dim: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """YaRN: interpolated (÷ factor) low frequencies, extrapolated high ones, a linear ramp between
+    the dims that turn ``beta_fast`` and ``beta_slow`` times over the original context."""
+
+    def correction_dim(rotations: float) -> float:
+        return (
+            dim
+            * math.log(rope.original_max_position_embeddings / (rotations * 2 * math.pi))
+            / (2 * math.log(rope.theta))
+        )
+
+    low = max(math.floor(correction_dim(rope.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(rope.beta_slow)), dim - 1)
+    ramp = (torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / ((high - low) or 0.001)
+    extrapolation = 1 - ramp.clamp(0, 1)
+    return inv_freq / rope.factor * (1 - extrapolation) + inv_freq * extrapolation
 
 
 class RotaryEmbedding(nn.Module):
@@ -48,11 +68,14 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, rope: RopeConfig, rotary_dim: int) -> None:
         super().__init__()
         self.rotary_dim = rotary_dim
+        self.scale = rope.cos_sin_scale
         self.register_buffer("inv_freq", rope_inv_freq(rope, rotary_dim), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, rot/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # NeoX layout: [T, rot]
+        if self.scale != 1.0:
+            return (emb.cos() * self.scale).to(dtype), (emb.sin() * self.scale).to(dtype)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
@@ -66,6 +89,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     if x_pass.shape[-1] == 0:
         return out
     return torch.cat((out, x_pass), dim=-1)
+
+
+def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """DeepSeek's interleaved rotation of x [T, heads, rot]: pairs (x0, x1), (x2, x3), … each turned
+    by one frequency, the results laid out as [evens' rotation, odds' rotation] (transformers'
+    spelling; q and k share the layout, so their dot products are those of the pairs)."""
+    half = cos.shape[-1] // 2
+    cos, sin = cos[:, None, :half], sin[:, None, :half]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class GatedMLP(nn.Module):

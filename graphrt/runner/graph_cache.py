@@ -102,6 +102,12 @@ class GraphCache:
             return GraphKey(kind, size, max(r, min(self.max_num_seqs, size)))
         return GraphKey(kind, t, r)  # bigger than every graph: exact size, eager
 
+    def decode_keys(self, rows: int) -> tuple[GraphKey, GraphKey]:
+        """The keys of a step of ``rows`` decoding rows: without drafts (main) and with (verify)."""
+        i = bisect.bisect_left(self.sizes.decode, rows)
+        size = self.sizes.decode[i] if i < len(self.sizes.decode) else rows
+        return GraphKey("main", size, size), GraphKey("verify", size * (self.spec_k + 1), size)
+
     def buffers(self, key: GraphKey) -> InputBuffers:
         if key not in self._buffers:
             spec_k = self.spec_k if key.kind == "verify" else 0

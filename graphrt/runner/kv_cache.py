@@ -50,7 +50,7 @@ class KVCachePlan:
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+    per_token = cfg.num_layers * sum(heads * dim for heads, dim in cfg.kv_cache_dims()) * dtype.itemsize
     return per_token * block_size
 
 
@@ -102,8 +102,14 @@ def plan_kv_cache(
 def allocate_kv_caches(
     cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    return [(_zeros(shape, dtype), _zeros(shape, dtype)) for _ in range(cfg.num_layers)]
+    (k_heads, k_dim), (v_heads, v_dim) = cfg.kv_cache_dims()
+    return [
+        (
+            _zeros((num_blocks, block_size, k_heads, k_dim), dtype),
+            _zeros((num_blocks, block_size, v_heads, v_dim), dtype),
+        )
+        for _ in range(cfg.num_layers)
+    ]
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """The thin runner: request states in, one graph replay per step, sampled token ids out.
 
 ``execute`` reads as the step's table of contents: update states, choose the step kind, prepare
-the host batch, dispatch it to a graph key, load the key's buffers, run the key's graph, read the
-tokens back. What differs between step kinds lives in the step objects (``steps.py``).
+the host batch, dispatch it to a graph key, load the key's buffers, run the key's graph (timed, for
+the drafter's cost model), read the tokens back. What differs between step kinds lives in the
+step objects (``steps.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from graphrt.core.scheduler import SchedulerOutput
 from graphrt.runner.graph_cache import GraphCache
 from graphrt.runner.request_table import RequestTable
 from graphrt.runner.step_module import StepModule
+from graphrt.runner.step_times import StepTimes
 from graphrt.runner.steps import MainStep, ModelRunnerOutput, VerifyStep
 
 __all__ = ["ModelRunner", "ModelRunnerOutput"]
@@ -33,6 +35,7 @@ class ModelRunner:
             self.steps["verify"] = VerifyStep(verify)
         self.kv_caches = kv_caches
         self.graphs = graphs
+        self.step_times = StepTimes()
         self.table = RequestTable(max_num_seqs, max_model_len, graphs.max_blocks)
         # (req_ids, samples) → [R, words] int32 bitmask or None; set by the engine for grammars
         self.bitmask_provider = None
@@ -47,7 +50,8 @@ class ModelRunner:
         batch = step.prepare(self.table, out, self.bitmask_provider)
         key = self.graphs.dispatch(batch, step.kind)
         self.graphs.buffers(key).load(batch)
-        return step.read(batch, self.graphs.run(key, step.eager, self.kv_caches))
+        with self.step_times.timing(key):
+            return step.read(batch, self.graphs.run(key, step.eager, self.kv_caches))
 
     def update_states(self, out: SchedulerOutput) -> None:
         for rid in out.finished_request_ids:

@@ -45,6 +45,24 @@ class StepModule(nn.Module):
         bitmask: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, bitmask = self.logits(
+            input_ids, positions, token_req, block_tables, seq_lens, query_start_loc, logits_indices, bitmask, kv_caches
+        )
+        return canonical.sample(logits, bitmask, temperature, top_k, top_p, min_p, seeds, offsets)
+
+    def logits(
+        self,
+        input_ids,
+        positions,
+        token_req,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        logits_indices,
+        bitmask,
+        kv_caches,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward up to the logits at ``logits_indices``, and the grammar bitmask still to apply."""
         slot_mapping = canonical.slot_mapping(positions, token_req, block_tables, self.block_size)
         attn = AttentionInputs(block_tables, seq_lens, query_start_loc, token_req, slot_mapping)
         hidden = self.model(input_ids, positions, kv_caches, attn)
@@ -52,18 +70,21 @@ class StepModule(nn.Module):
         if self.grammar_backend == "xgrammar-cpu":  # the reference: a host round trip of the logits
             logits = torch.ops.graphrt.xgrammar_bitmask_cpu(logits, bitmask)
             bitmask = torch.full_like(bitmask, -1)
-        return canonical.sample(logits, bitmask, temperature, top_k, top_p, min_p, seeds, offsets)
+        return logits, bitmask
 
 
 class VerifyStepModule(StepModule):
     """The verify step: the same forward over each row's last token and its drafts, target logits
     at every draft position and the bonus position (``logits_indices`` is [R·(K+1)], row-major),
-    each position's grammar mask, then rejection sampling in the graph. Returns ``(tokens
-    [R, K+1], logprobs [R, K+1])``: a row's accepted drafts, then its correction or bonus token,
-    then −1."""
+    each position's grammar mask, then rejection sampling (``canonical.rejection_sample``, which
+    the sampling pass turns into ``graphrt::rejection_sample``). ``offsets`` are each row's sample
+    offset at its first position. Returns ``(tokens [R, K+1], logprobs [R, K+1])``: a row's
+    accepted drafts, then its correction or bonus token, then −1."""
 
-    def __init__(self, model: nn.Module, block_size: int, num_speculative_tokens: int) -> None:
-        super().__init__(model, block_size)
+    def __init__(
+        self, model: nn.Module, block_size: int, num_speculative_tokens: int, grammar_backend: str = "in-graph"
+    ) -> None:
+        super().__init__(model, block_size, grammar_backend)
         self.k = num_speculative_tokens
 
     def forward(
@@ -86,14 +107,9 @@ class VerifyStepModule(StepModule):
         num_drafts: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        slot_mapping = canonical.slot_mapping(positions, token_req, block_tables, self.block_size)
-        attn = AttentionInputs(block_tables, seq_lens, query_start_loc, token_req, slot_mapping)
-        hidden = self.model(input_ids, positions, kv_caches, attn)
-        logits = self.model.compute_logits(hidden, logits_indices).float()
-        logits = torch.ops.graphrt.apply_token_bitmask(logits, bitmask, None)
-        logits = logits.view(draft_token_ids.shape[0], self.k + 1, logits.shape[-1])
-        tokens = torch.ops.graphrt.rejection_sample(
-            draft_token_ids, num_drafts, None, logits, temperature, seeds, offsets - num_drafts
+        logits, bitmask = self.logits(
+            input_ids, positions, token_req, block_tables, seq_lens, query_start_loc, logits_indices, bitmask, kv_caches
         )
-        logprobs = torch.log_softmax(logits, dim=-1).gather(2, tokens.clamp(min=0)[..., None])[..., 0]
-        return tokens, logprobs
+        return canonical.rejection_sample(
+            logits, bitmask, temperature, top_k, top_p, min_p, seeds, offsets, draft_token_ids, num_drafts
+        )

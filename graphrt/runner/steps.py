@@ -114,6 +114,7 @@ class VerifyStep(MainStep):
                 **base.__dict__,
                 "logits_indices": logits_indices,
                 "bitmask": bitmask,
+                "offsets": base.offsets - num_drafts,  # position 0 samples where a main step would
                 "draft_token_ids": drafts,
                 "num_drafts": num_drafts,
             }

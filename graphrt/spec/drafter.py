@@ -1,54 +1,66 @@
-"""Drafter: which running requests get drafts this step, and how many.
+"""Drafter: which running requests get drafts this step, and whether the step verifies at all.
 
-A request drafts when it is decoding (its last token is its only uncomputed one), samples
-greedily or without top-k / top-p / min-p filters (rejection sampling scores against the
-unfiltered distribution), and has room left under max_tokens and max_model_len. A request with a
-grammar drafts too: the verify step masks each draft position with the grammar's mask after the
-drafts before it. A request whose drafts keep being rejected stops drafting: after ``probe``
-drafts with an acceptance rate under ``min_acceptance`` a verify step costs it more than it
-saves. And a step takes drafts only when they fill at least half of the verify graph's draft
-slots (k a decoding row): the graph costs its k + 1 token slots for every row, so a few drafts
-among many rows lose more than they gain (`graphrt bench spec`, ordinary prompts at batch 8, k = 3:
-0.82x plain with one draft for every two rows allowed, 0.92x with one a row).
+A request drafts when it is decoding (its last token is its only uncomputed one) and has room
+left under max_tokens and max_model_len; any sampling (greedy, random, top-k / top-p / min-p)
+and any grammar may draft, because the verify step samples every position exactly as a main
+step would and keeps drafts only while they equal those tokens.
+
+Whether a step verifies is a cost model. A verify graph scores k + 1 positions for every row,
+so a step with drafts costs ``ratio`` times a main step of the same rows (measured as the graphs
+run: ``StepTimes``; 1.36 at one row and about 3 at eight on a 2-core CPU, `graphrt bench spec`).
+It yields ``rows + E`` tokens where E is the expected number of accepted drafts, so it pays when
+``E > rows · (ratio − 1)``. A request's expected accepted drafts out of d is
+``a + a² + … + aᵈ`` with ``a`` its acceptance so far (``(accepted + 1) / (drafted + 2)``);
+a request that has drafted fewer than ``probe`` tokens counts all its drafts (it is being
+probed: without a trial its acceptance cannot be known). Until a verify graph and its main
+graph have been timed, ratio counts as 1 (drafts are taken, which times them).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
 from graphrt.spec.config import SpeculativeConfig
 from graphrt.spec.ngram import NgramProposer
 
+# rows → a verify step's time over a main step's at those rows; None while unmeasured
+CostRatio = Callable[[int], "float | None"]
+
 
 class Drafter:
-    def __init__(self, config: SpeculativeConfig, probe: int = 8, min_acceptance: float = 0.25) -> None:
+    def __init__(self, config: SpeculativeConfig, cost_ratio: CostRatio | None = None, probe: int = 8) -> None:
         self.k = config.num_speculative_tokens
         self.proposer = NgramProposer(self.k, config.prompt_lookup_max, config.prompt_lookup_min)
-        self.probe, self.min_acceptance = probe, min_acceptance
+        self.cost_ratio = cost_ratio or (lambda rows: None)
+        self.probe = probe
 
-    def eligible(self, req, grammar) -> bool:
-        p = req.params
-        filtered = p.temperature > 0 and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0)
-        if filtered or req.num_tokens - req.num_computed_tokens != 1:
-            return False
-        if req.num_draft_tokens >= self.probe and req.num_accepted_tokens < self.min_acceptance * req.num_draft_tokens:
-            return False
-        return True
+    def expected_accepted(self, req, num_drafts: int) -> float:
+        if req.num_draft_tokens < self.probe:
+            return float(num_drafts)
+        a = (req.num_accepted_tokens + 1) / (req.num_draft_tokens + 2)
+        return a * (1 - a**num_drafts) / (1 - a)
 
     def propose_for(self, running, tracked: dict, max_model_len: int) -> None:
-        total = 0
         for req in running:
             req.draft_token_ids = []
-            entry = tracked.get(req.request_id)
-            if entry is None or not self.eligible(req, entry.grammar):
-                continue
+        decoding = [req for req in running if req.num_tokens - req.num_computed_tokens == 1]
+        candidates = [req for req in decoding if req.request_id in tracked]
+        if not candidates:
+            return
+        ratio = self.cost_ratio(len(decoding))
+        needed = len(decoding) * ((1.0 if ratio is None else ratio) - 1.0)
+        if sum(self.expected_accepted(req, self.k) for req in candidates) <= needed:
+            return  # even k drafts a row would not pay: skip the lookups
+        expected = 0.0
+        for req in candidates:
             room = min(
                 self.k, req.params.max_tokens - len(req.output_token_ids) - 1, max_model_len - req.num_tokens - 1
             )
             if room >= 1:
                 req.draft_token_ids = self.proposer.propose(np.asarray(req.all_token_ids, dtype=np.int64), room)
-                total += len(req.draft_token_ids)
-        decoding = sum(1 for req in running if req.num_tokens - req.num_computed_tokens == 1)
-        if 2 * total < decoding * self.k:
-            for req in running:
+                expected += self.expected_accepted(req, len(req.draft_token_ids))
+        if expected <= needed:
+            for req in candidates:
                 req.draft_token_ids = []

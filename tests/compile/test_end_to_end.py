@@ -25,15 +25,18 @@ def op_counts(llm):
     return out
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "qwen2_tied", "qwen3"])
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2_tied", "qwen3", "deepseek_v3"])
 def test_compiled_graphs_are_fused_and_exact(tiny_model, name, tmp_path):
     path = tiny_model(name)
     compiled = graphrt.LLM(path, progress=False, graph_cache=str(tmp_path / "graphs"), **OPTS)
     stats = compiled.stats()
     assert stats["compiles"] == 2
-    layers = compiled.engine.loaded.config.num_layers
+    cfg = compiled.engine.loaded.config
+    attention = "graphrt.mla_attention.default" if cfg.mla else "graphrt.paged_attention.default"
     for graph, counts in op_counts(compiled).items():
-        assert counts["graphrt.paged_attention.default"] == layers, graph
+        assert counts[attention] == cfg.num_layers, graph
+        if cfg.moe:
+            assert counts["graphrt.moe_experts.default"] == cfg.num_layers - cfg.moe.first_dense_layers, graph
         assert counts["graphrt.slot_mapping.default"] == 1, graph
         assert counts["graphrt.sample.default"] == 1, graph
         assert not any("softmax" in t or "einsum" in t or "index_copy" in t for t in counts), graph

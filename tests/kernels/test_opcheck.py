@@ -38,13 +38,41 @@ def cases():
     rej = (
         torch.randint(0, vocab, (n, 3)),
         torch.tensor([3, 1, 0, 2]),
-        None,
-        torch.randn(n, 4, vocab),
+        torch.softmax(torch.randn(n, 3, vocab), -1),
+        torch.randn(n * 4, vocab),
         torch.tensor([0.0, 1.0, 0.5, 0.0]),
+        torch.tensor([0, 5, 0, 3]),
+        torch.tensor([1.0, 0.9, 0.5, 1.0]),
+        torch.tensor([0.0, 0.0, 0.1, 0.0]),
         torch.arange(n),
         torch.zeros(n, dtype=torch.long),
+        torch.randint(-9, 9, (n * 4, 2), dtype=torch.int32),
+    )
+    c = make_batch([(9, 9), (6, 1), (12, 5)], 4, 4, 1, 12, pad_tokens=2, seed=3)
+    r = make_batch([(9, 9), (6, 1), (12, 5)], 4, 4, 1, 6, pad_tokens=2, seed=3)
+    mla = (
+        c.q,
+        r.q,
+        c.k[:, 0],
+        r.k[:, 0],
+        c.k_cache.clone(),
+        r.k_cache.clone(),
+        c.slots,
+        c.block_tables,
+        c.seq_lens,
+        c.query_start_loc,
+        0.3,
+    )
+    moe = (
+        torch.randn(5, 16),
+        torch.randint(0, 6, (5, 2)),
+        torch.rand(5, 2),
+        torch.randn(6, 20, 16),
+        torch.randn(6, 16, 10),
     )
     return {
+        "mla_attention": mla,
+        "moe_experts": moe,
         "linear": (torch.randn(3, 33), torch.randn(7, 33), torch.randn(7)),
         "slot_mapping": (b.positions, b.token_req, b.block_tables, 4),
         "reshape_and_cache": cache_args,

@@ -180,7 +180,7 @@ def greedy_logits(argmaxes: list[list[int]], vocab: int = 10) -> torch.Tensor:
     return out
 
 
-def rs(drafts, counts, logits, temperature=0.0, draft_probs=None, seed=0):
+def rs(drafts, counts, logits, temperature=0.0, draft_probs=None, seed=0, **filters):
     n = len(drafts)
     return kernels.rejection_sample(
         torch.tensor(drafts),
@@ -190,41 +190,96 @@ def rs(drafts, counts, logits, temperature=0.0, draft_probs=None, seed=0):
         torch.full((n,), seed, dtype=torch.long),
         torch.zeros(n, dtype=torch.long),
         draft_probs=draft_probs,
+        **filters,
+    )
+
+
+def ref_rs(drafts, counts, logits, temperature, seeds, offsets, draft_probs=None, top_k=0, top_p=1.0, bitmask=None):
+    n = drafts.shape[0]
+    return reference.rejection_sample(
+        drafts,
+        counts,
+        draft_probs,
+        logits,
+        temperature,
+        torch.full((n,), top_k, dtype=torch.long),
+        torch.full((n,), top_p),
+        torch.zeros(n),
+        seeds,
+        offsets,
+        bitmask,
     )
 
 
 def test_greedy_rejection_exact_cases():
     logits = greedy_logits([[1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]])
-    out = rs([[1, 2, 3], [1, 7, 3], [0, 0, 0], [9, 9, 0]], [3, 3, 0, 2], logits)
+    drafts, counts = [[1, 2, 3], [1, 7, 3], [0, 0, 0], [9, 9, 0]], [3, 3, 0, 2]
+    out, logprobs = rs(drafts, counts, logits)
     assert out.tolist() == [
         [1, 2, 3, 4],  # all accepted + bonus
         [1, 2, -1, -1],  # mismatch at 1: target token emitted, rest unused
         [5, -1, -1, -1],  # empty draft: just the target token
         [9, 9, 9, -1],  # two drafts accepted + bonus at position 2
     ]
-    ref = reference.rejection_sample(
-        torch.tensor([[1, 2, 3], [1, 7, 3], [0, 0, 0], [9, 9, 0]]),
-        torch.tensor([3, 3, 0, 2]),
-        None,
-        logits,
-        torch.zeros(4),
-        torch.zeros(4, dtype=torch.long),
-        torch.zeros(4, dtype=torch.long),
+    assert (logprobs[out < 0] == 0).all() and (logprobs[out >= 0] < 0).all()
+    zeros = torch.zeros(4, dtype=torch.long)
+    ref = ref_rs(torch.tensor(drafts), torch.tensor(counts), logits, torch.zeros(4), zeros, zeros)
+    assert torch.equal(out, ref[0]) and torch.allclose(logprobs, ref[1])
+
+
+def test_one_hot_drafts_keep_the_plain_tokens():
+    """One-hot drafts are accepted while they equal the token plain sampling draws at that
+    position (same seed, same offset): the kept tokens are exactly plain decoding's, whatever
+    the drafts — including under top-k / top-p filters."""
+    n, k, vocab = 64, 3, 6
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(n, k + 1, vocab, generator=g)
+    drafts = torch.randint(0, vocab, (n, k), generator=g)
+    counts = torch.randint(0, k + 1, (n,), generator=g)
+    seeds, offsets = torch.arange(n), torch.randint(0, 50, (n,), generator=g)
+    temperature = torch.where(torch.arange(n) % 4 == 0, 0.0, 0.8)
+    top_k, top_p = torch.full((n,), 3), torch.full((n,), 0.9)
+    out, logprobs = kernels.rejection_sample(
+        drafts, counts, logits, temperature, seeds, offsets, top_k=top_k, top_p=top_p
     )
-    assert torch.equal(out, ref)
+    span = k + 1
+    plain, plain_lp = kernels.sample(
+        logits.reshape(-1, vocab),
+        temperature.repeat_interleave(span),
+        top_k.repeat_interleave(span),
+        top_p.repeat_interleave(span),
+        torch.zeros(n * span),
+        seeds.repeat_interleave(span),
+        (offsets[:, None] + torch.arange(span)).reshape(-1),
+    )
+    plain, plain_lp = plain.view(n, span), plain_lp.view(n, span)
+    kept = out >= 0
+    assert torch.equal(out[kept], plain[kept]) and torch.allclose(logprobs[kept], plain_lp[kept])
+    num_kept = kept.sum(1)
+    for r in range(n):  # drafts equal to the plain tokens, then the first difference or the bonus
+        a = int(num_kept[r]) - 1
+        assert out[r, :a].tolist() == drafts[r, :a].tolist()
+        assert a == int(counts[r]) or int(drafts[r, a]) != int(plain[r, a])
+    assert (num_kept > 1).any() and (num_kept == 1).any()
+    ref = ref_rs(drafts, counts, logits, temperature, seeds, offsets, top_k=3, top_p=0.9)
+    assert torch.equal(out, ref[0]) and torch.allclose(logprobs, ref[1])
 
 
 @pytest.mark.parametrize("with_draft_probs", [True, False])
-def test_random_rejection_emits_the_target_distribution(with_draft_probs):
+@pytest.mark.parametrize("top_k", [0, 2])
+def test_random_rejection_emits_the_target_distribution(with_draft_probs, top_k):
     n, vocab = 12000, 5
     g = torch.Generator().manual_seed(0)
     target = torch.tensor([2.0, 0.5, 0.0, -1.0, 1.0])
     p = torch.softmax(target.double(), -1)
+    if top_k:  # the filtered distribution: the top two tokens, renormalised
+        p = torch.where(p >= p.sort(descending=True).values[top_k - 1], p, 0.0)
+        p = p / p.sum()
     q = torch.tensor([0.05, 0.6, 0.2, 0.1, 0.05], dtype=torch.double)  # a draft far from the target
     drafts = torch.multinomial(q.float(), n, replacement=True, generator=g)[:, None]
     logits = target.repeat(n, 2, 1)
     dp = q.float().repeat(n, 1, 1) if with_draft_probs else None
-    out = kernels.rejection_sample(
+    out, _ = kernels.rejection_sample(
         drafts,
         torch.ones(n, dtype=torch.long),
         logits,
@@ -232,6 +287,7 @@ def test_random_rejection_emits_the_target_distribution(with_draft_probs):
         torch.arange(n),
         torch.zeros(n, dtype=torch.long),
         draft_probs=dp,
+        top_k=torch.full((n,), top_k),
     )
     first = out[:, 0]
     if with_draft_probs:
@@ -240,16 +296,37 @@ def test_random_rejection_emits_the_target_distribution(with_draft_probs):
         for d in range(vocab):
             sel = first[drafts[:, 0] == d]
             within_bound(torch.bincount(sel, minlength=vocab), p, sel.numel())
-    ref = reference.rejection_sample(
+    ref = ref_rs(
         drafts[:200],
         torch.ones(200, dtype=torch.long),
-        None if dp is None else dp[:200],
         logits[:200],
         torch.ones(200),
         torch.arange(200),
         torch.zeros(200, dtype=torch.long),
+        draft_probs=None if dp is None else dp[:200],
+        top_k=top_k,
     )
-    assert torch.equal(out[:200], ref)
+    assert torch.equal(out[:200], ref[0])
+
+
+def test_each_position_has_its_own_grammar_mask():
+    """Position i is masked with the grammar's mask after i drafts: a draft the mask forbids is
+    rejected even when it is the unmasked argmax."""
+    logits = greedy_logits([[1, 2, 3]], vocab=40)
+    bitmask = torch.full((1, 3, 2), -1, dtype=torch.int32)
+    bitmask[0, 1, 0] &= ~(1 << 2)  # position 1 forbids token 2
+    out, _ = rs([[1, 2]], [2], logits, bitmask=bitmask)
+    assert out[0, 0] == 1 and out[0, 1] != 2 and out[0, 2] == -1
+    ref = ref_rs(
+        torch.tensor([[1, 2]]),
+        torch.tensor([2]),
+        logits,
+        torch.zeros(1),
+        torch.zeros(1, dtype=torch.long),
+        torch.zeros(1, dtype=torch.long),
+        bitmask=bitmask,
+    )
+    assert torch.equal(out, ref[0])
 
 
 def test_bad_rejection_arguments():
@@ -257,6 +334,8 @@ def test_bad_rejection_arguments():
         rs([[1, 2]], [3], greedy_logits([[1, 2, 3]]))
     with pytest.raises(KernelArgumentError, match="target_logits"):
         rs([[1, 2]], [2], greedy_logits([[1, 2]]))
+    with pytest.raises(KernelArgumentError, match="bitmask shape"):
+        rs([[1, 2]], [2], greedy_logits([[1, 2, 3]]), bitmask=torch.full((1, 2, 1), -1, dtype=torch.int32))
 
 
 def test_sample_applies_the_bitmask_first():

@@ -15,8 +15,12 @@ def prefill_logits(model, cfg, ids: torch.Tensor, block_size: int = 4) -> torch.
     """One prefill step of a single sequence through graphrt's forward protocol."""
     t = ids.shape[0]
     nb = -(-t // block_size) + 1
-    shape, dtype = (nb, block_size, cfg.num_kv_heads, cfg.head_dim), model.embed_tokens.weight.dtype
-    caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
+    (kh, kd), (vh, vd) = cfg.kv_cache_dims()
+    dtype = model.embed_tokens.weight.dtype
+    caches = [
+        (torch.zeros(nb, block_size, kh, kd, dtype=dtype), torch.zeros(nb, block_size, vh, vd, dtype=dtype))
+        for _ in range(cfg.num_layers)
+    ]
     bt = torch.arange(1, nb)[None]
     pos, req = torch.arange(t), torch.zeros(t, dtype=torch.long)
     attn = AttentionInputs(

@@ -54,3 +54,47 @@ def test_chain_over_a_non_logits_tensor_is_not_fused():
     tokens, _ = rec.compile(sample_other)(hidden, weight, bitmask, *params)
     assert count(rec.after, OP) == 0 and rec.results["fuse_sampling"].unmatched == 1
     assert torch.equal(tokens, sample_other(hidden, weight, bitmask, *params)[0])
+
+
+# --- the verify step's chain -----------------------------------------------------------------
+
+REJECT = torch.ops.graphrt.rejection_sample.default
+R, K = 3, 2
+
+
+def verify_inputs():
+    g = torch.Generator().manual_seed(1)
+    hidden, weight = torch.randn(R * (K + 1), H, generator=g), torch.randn(V, H, generator=g)
+    greedy = torch.nn.functional.linear(hidden, weight).argmax(-1).view(R, K + 1)
+    drafts = greedy[:, :K].clone()
+    drafts[1, 1] = (drafts[1, 1] + 1) % V  # row 1: its second draft is wrong
+    bitmask = torch.full((R * (K + 1), 3), -1, dtype=torch.int32)
+    params = (
+        torch.tensor([0.0, 0.0, 0.9]),
+        torch.tensor([0, 0, 4]),
+        torch.tensor([1.0, 1.0, 0.8]),
+        torch.zeros(R),
+        torch.arange(R) + 3,
+        torch.tensor([5, 9, 2]),
+    )
+    return hidden, weight, bitmask, params, drafts, torch.tensor([2, 2, 1])
+
+
+def verify_logits(hidden, weight, bitmask, t, k, p, m, s, o, drafts, num_drafts):
+    logits = torch.nn.functional.linear(hidden, weight)
+    return canonical.rejection_sample(logits, bitmask, t, k, p, m, s, o, drafts, num_drafts)
+
+
+def test_verify_chain_becomes_one_rejection_sample():
+    hidden, weight, bitmask, params, drafts, num_drafts = verify_inputs()
+    rec = RecordingBackend()
+    tokens, logprobs = rec.compile(verify_logits)(hidden, weight, bitmask, *params, drafts, num_drafts)
+    assert count(rec.before, torch.searchsorted) == 1 and count(rec.before, "cumprod") == 1
+    assert count(rec.after, REJECT) == 1 and count(rec.after, OP) == 0
+    assert count(rec.after, torch.searchsorted) == 0 and count(rec.after, "cumprod") == 0
+    assert rec.results["fuse_sampling"].matched == 1
+    want_tokens, want_lp = verify_logits(hidden, weight, bitmask, *params, drafts, num_drafts)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(logprobs, want_lp)
+    assert tokens[0].tolist() == drafts[0].tolist() + [tokens[0, 2].item()]  # both drafts + bonus
+    assert tokens[1, 2] == -1 and tokens[1, 0] == drafts[1, 0] and tokens[1, 1] != drafts[1, 1]

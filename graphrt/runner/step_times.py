@@ -1,0 +1,41 @@
+"""StepTimes: how long each graph key's steps take on this machine, measured as they run.
+
+The drafter weighs a verify step's cost against a main step's with these: what a verify graph
+costs relative to the main graph of the same rows depends on the machine (a weight-streaming
+step at one row, a compute-bound one at eight), so it is measured, not assumed. The first steps
+of a key are left out (first-touch page faults, lazy initialisation); after that a moving mean.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+from graphrt.runner.graph_key import GraphKey
+
+
+class StepTimes:
+    def __init__(self, skip: int = 2, weight: float = 0.2) -> None:
+        self.skip, self.weight = skip, weight
+        self.seen: dict[GraphKey, int] = {}
+        self.mean: dict[GraphKey, float] = {}
+
+    def record(self, key: GraphKey, seconds: float) -> None:
+        n = self.seen.get(key, 0) + 1
+        self.seen[key] = n
+        if n <= self.skip:
+            return
+        old = self.mean.get(key)
+        self.mean[key] = seconds if old is None else old + self.weight * (seconds - old)
+
+    @contextmanager
+    def timing(self, key: GraphKey):
+        start = time.perf_counter()
+        yield
+        self.record(key, time.perf_counter() - start)
+
+    def ratio(self, key: GraphKey, base: GraphKey) -> float | None:
+        """``key``'s mean time over ``base``'s; None until both are measured."""
+        if key not in self.mean or base not in self.mean:
+            return None
+        return self.mean[key] / self.mean[base]

@@ -165,6 +165,24 @@ def sample(
     return tokens, logprobs
 
 
+def draft_sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A draft model's token and its distribution q [R, V] (after temperature and the filters):
+    the argmax for greedy rows, a draw from q on stream 3 for random rows (the target's draws use
+    streams 0-2, so drafts never share their randomness)."""
+    logits = logits.float()
+    probs = filtered_probs(logits, temperature, top_k, top_p, min_p, skip_unused_sort=False)
+    drawn = draw(probs, row_uniform(seeds, offsets, 3))
+    return torch.where(temperature > 0, drawn, logits.argmax(dim=-1)), probs
+
+
 def rejection_sample(
     logits: torch.Tensor,  # [R * (K + 1), V]: row r's positions 0..K, row-major
     bitmask: torch.Tensor,  # [R * (K + 1), ceil(V / 32)]: each position's grammar mask
@@ -198,3 +216,54 @@ def rejection_sample(
     accepted = match.long().cumprod(dim=1).sum(dim=1)
     kept = step[None, :] <= accepted[:, None]
     return torch.where(kept, tokens, -1), torch.where(kept, logprobs, 0.0)
+
+
+def rejection_sample_by_ratio(
+    logits: torch.Tensor,  # [R * (K + 1), V]
+    bitmask: torch.Tensor,  # [R * (K + 1), ceil(V / 32)]
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+    draft_token_ids: torch.Tensor,  # [R, K]
+    num_drafts: torch.Tensor,
+    draft_probs: torch.Tensor,  # [R, K, V]: the distribution each draft was drawn from
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exactly ``graphrt::rejection_sample`` with draft distributions: random rows accept draft d
+    with probability min(1, p(d) / q(d)) and at the first rejection draw from the normalised
+    residual max(p − q, 0); greedy rows accept while the draft is the argmax; the bonus token is
+    the plain draw. (tokens, logprobs) [R, K + 1], −1 (logprob 0) after each row's last token."""
+    rows, max_drafts = draft_token_ids.shape
+    span = max_drafts + 1
+    vocab = logits.shape[1]
+    step = torch.arange(span, device=draft_token_ids.device)
+    positions = (offsets[:, None] + step).reshape(-1)
+    temps = temperature.repeat_interleave(span)
+    ks, ps, mins = top_k.repeat_interleave(span), top_p.repeat_interleave(span), min_p.repeat_interleave(span)
+    masked = logits.float().masked_fill(~unpack_bitmask(bitmask, vocab), float("-inf"))
+    probs = filtered_probs(masked, temps, ks, ps, mins, skip_unused_sort=False)
+    drawn = draw(probs, row_uniform(seeds.repeat_interleave(span), positions, 0))
+    tokens = torch.where(temps > 0, drawn, masked.argmax(dim=-1)).view(rows, span)  # the plain tokens
+    p = probs.view(rows, span, vocab)[:, :-1]
+    q = draft_probs.double()
+    d = draft_token_ids[..., None]
+    ratio = p.gather(2, d)[..., 0] / q.gather(2, d)[..., 0].clamp(min=1e-30)
+    u = row_uniform(seeds.repeat_interleave(span), positions, 1).view(rows, span)[:, :-1]
+    random = temperature > 0
+    ok = torch.where(random[:, None], u < ratio.clamp(max=1.0), draft_token_ids == tokens[:, :-1])
+    accepted = (ok & (step[None, :-1] < num_drafts[:, None])).long().cumprod(dim=1).sum(dim=1)
+    at = accepted.clamp(max=max_drafts - 1)
+    row = torch.arange(rows, device=draft_token_ids.device)
+    residual = (p[row, at] - q[row, at]).clamp(min=0)
+    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p[row, at])
+    redraw = draw(residual, row_uniform(seeds, offsets + at, 2))
+    out = torch.cat(
+        [torch.where(step[None, :-1] < accepted[:, None], draft_token_ids, tokens[:, :-1]), tokens[:, -1:]], 1
+    )
+    redo = random & (accepted < num_drafts)
+    out = out.scatter(1, at[:, None], torch.where(redo, redraw, out.gather(1, at[:, None])[:, 0])[:, None])
+    logprobs = torch.log_softmax(masked, dim=-1).view(rows, span, vocab).gather(2, out[..., None])[..., 0]
+    kept = step[None, :] <= accepted[:, None]
+    return torch.where(kept, out, -1), torch.where(kept, logprobs, 0.0)

@@ -8,7 +8,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLDERS = {"graphrt.kernels": ROOT / "kernels", "graphrt.passes": ROOT / "passes", "graphrt": ROOT / "graphrt"}
-TOP = ("graphrt.llm", "graphrt.engine", "graphrt.cli", "graphrt.bench")
+TOP = ("graphrt.llm", "graphrt.engine", "graphrt.engine_startup", "graphrt.cli", "graphrt.bench")
 
 
 def imported_modules(folder: pathlib.Path) -> set[str]:

@@ -150,3 +150,68 @@ def save_tiny_with_smollm2_tokenizer(root: str, name: str = "llama_gqa", seed: i
     transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def make_mtp_oracle(main_model, seed: int = 1):
+    """transformers' own MTP implementation over ``main_model``, with seeded random weights
+    (norm weights and the router bias randomised too, so that they matter)."""
+    from transformers.modeling_layers import MtpModel
+
+    shared = [main_model.get_input_embeddings().weight, main_model.lm_head.weight]
+    saved = [t.detach().clone() for t in shared]
+    mtp = MtpModel(main_model, 1).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for t, s in zip(shared, saved):  # its init re-initialises the shared embedding and head in place
+            t.copy_(s)
+        for name, t in mtp.layers.named_parameters():  # its own init is not seeded: set every weight here
+            noise = torch.randn(t.shape, generator=g)
+            t.copy_(1 + 0.2 * noise if name.endswith("norm.weight") else 0.2 * noise)
+        for name, buf in mtp.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(0.1 * torch.randn(buf.shape, generator=g))
+    return mtp
+
+
+def mtp_checkpoint_tensors(mtp, num_hidden_layers: int) -> dict[str, torch.Tensor]:
+    """The oracle's MTP layer under DeepSeek's names (``model.layers.{num_hidden_layers}.``), with
+    the experts one module each and copies of the embedding and head, as DeepSeek ships them."""
+    prefix = f"model.layers.{num_hidden_layers}."
+    out = {}
+    for name, t in mtp.state_dict().items():
+        if not name.startswith("layers.0."):
+            continue
+        name = name.removeprefix("layers.0.")
+        if name == "post_norm.weight":
+            out[prefix + "shared_head.norm.weight"] = t
+        elif name.endswith("experts.gate_up_proj"):
+            inter = t.shape[1] // 2
+            base = prefix + name.removeprefix("mtp_block.").removesuffix("gate_up_proj")
+            for j in range(t.shape[0]):
+                out[f"{base}{j}.gate_proj.weight"] = t[j, :inter]
+                out[f"{base}{j}.up_proj.weight"] = t[j, inter:]
+        elif name.endswith("experts.down_proj"):
+            base = prefix + name.removeprefix("mtp_block.").removesuffix("down_proj")
+            for j in range(t.shape[0]):
+                out[f"{base}{j}.down_proj.weight"] = t[j]
+        else:
+            out[prefix + name.removeprefix("mtp_block.")] = t
+    out[prefix + "embed_tokens.weight"] = mtp.embed_tokens.weight
+    out[prefix + "shared_head.head.weight"] = mtp.shared_head.weight
+    return {k: v.detach().contiguous().clone() for k, v in out.items()}
+
+
+def save_tiny_with_mtp(root: str, name: str = "deepseek_v3", seed: int = 0) -> str:
+    """A tiny DeepSeek-V3 checkpoint with one MTP layer written in (save_pretrained drops them)."""
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(root, f"{name}-mtp")
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    model = make_hf_model(name, seed)
+    model.save_pretrained(path)
+    weights = os.path.join(path, "model.safetensors")
+    tensors = load_file(weights)
+    tensors.update(mtp_checkpoint_tensors(make_mtp_oracle(model), model.config.num_hidden_layers))
+    save_file(tensors, weights, metadata={"format": "pt"})
+    return path

@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
         ("startup", "cold vs warm start"),
         ("roofline", "bandwidth and the fraction of it decode reaches"),
         ("grammar", "constrained vs unconstrained step time"),
-        ("spec", "plain decoding against n-gram speculative decoding, side by side"),
+        ("spec", "plain decoding against n-gram (or MTP) speculative decoding, side by side"),
     ):
         k = kinds.add_parser(name, help=help_)
         k.add_argument("--json", default=None, help="write the results as JSON here")
@@ -51,8 +51,12 @@ def add_parser(sub) -> None:
             k.add_argument("--dtypes", default="float32,bfloat16", help="weight/activation dtypes, comma-separated")
         if name == "spec":
             k.add_argument("--batch-sizes", type=_sizes, default=[1, 8])
-            k.add_argument("--ks", type=_sizes, default=[3, 5], help="num_speculative_tokens values")
+            k.add_argument("--ks", type=_sizes, default=None, help="num_speculative_tokens values (3,5; MTP: 1,3)")
             k.add_argument("--gen-len", type=int, default=128)
+            k.add_argument("--method", default="ngram", choices=["ngram", "mtp"])
+            k.add_argument(
+                "--layers", type=int, default=8, help="mtp without --model: layers of the random DeepSeek-V3"
+            )
         if name == "grammar":
             k.add_argument("--batch", type=int, default=4)
             k.add_argument("--no-compile", action="store_true")
@@ -86,10 +90,15 @@ def run(args: argparse.Namespace) -> int:
         print_facts(machine_facts(args.dtypes))
         result = bench_kernels(args.dtypes.split(","), args.rows)
     elif args.bench == "spec":
-        from graphrt.bench.spec import bench_spec
-
         print_facts(machine_facts(args.dtype))
-        result = bench_spec(args.model, args.dtype, args.batch_sizes, args.ks, args.gen_len)
+        if args.method == "mtp":
+            from graphrt.bench.mtp import bench_mtp
+
+            result = bench_mtp(args.model, args.dtype, args.batch_sizes, args.ks or [1, 3], args.gen_len, args.layers)
+        else:
+            from graphrt.bench.spec import bench_spec
+
+            result = bench_spec(args.model, args.dtype, args.batch_sizes, args.ks or [3, 5], args.gen_len)
     elif args.bench == "startup":
         from graphrt.bench.startup import bench_startup
 

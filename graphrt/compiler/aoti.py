@@ -22,18 +22,17 @@ import sys
 import torch
 import torch.fx as fx
 
-BLOCK_TABLES_ARG = 3  # position of block_tables among the step's arguments (input_buffers.ARG_NAMES)
 
-
-def free_dims(sources: list[tuple], inputs: list[torch.Tensor]) -> dict[int, dict[int, str]]:
-    """Which dims of which flat inputs a package leaves free: {input index: {dim: name}}.
+def free_dims(sources: list[tuple], inputs: list[torch.Tensor], block_tables_arg: int) -> dict[int, dict[int, str]]:
+    """Which dims of which flat inputs a package leaves free: {input index: {dim: name}}
+    (``block_tables_arg``: the position of block_tables among the step's arguments).
 
     A dim whose example size is below 2 stays fixed (export specialises sizes 0 and 1)."""
     dims: dict[int, dict[int, str]] = {}
     for i, (source, t) in enumerate(zip(sources, inputs)):
         if source[0] == "kv" and t.shape[0] >= 2:
             dims[i] = {0: "num_blocks"}
-        elif tuple(source) == ("arg", BLOCK_TABLES_ARG) and t.shape[1] >= 2:
+        elif tuple(source) == ("arg", block_tables_arg) and t.shape[1] >= 2:
             dims[i] = {1: "max_blocks"}
     return dims
 

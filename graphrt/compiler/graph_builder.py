@@ -85,6 +85,7 @@ class GraphBuilder:
     def cache_key(self, key: GraphKey, bufs: InputBuffers, free: bool = True) -> dict:
         key = {
             "graph": key.name,
+            "hidden_out": bool(getattr(self.steps[key.kind], "return_hidden", False)),  # MTP engines' main graphs
             "model": self.model_key,
             "passes": self.passes.uuid(),
             "inputs": self.signature(bufs, free),
@@ -117,7 +118,7 @@ class GraphBuilder:
         if hit is not None:
             return self.load(key, bufs, hit), "loaded", time.perf_counter() - start
         graph = capture(self.steps[key.kind], bufs.args(), self.kv_caches, self.passes, "eager", key.name)
-        free = aoti.free_dims(graph.sources, graph.inputs)
+        free = aoti.free_dims(graph.sources, graph.inputs, bufs.names.index("block_tables"))
         try:  # a graph whose code came to depend on those sizes (an unfused spelling) keeps them
             exported, ckey = aoti.export(graph.gm, graph.inputs, free), self.cache_key(key, bufs, True)
         except Exception as e:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from graphrt.loader import hf_dir
+from graphrt.loader.deepseek_weights import mtp_present
 from graphrt.loader.gguf_file import GGUFCheckpoint
 from graphrt.loader.weights import CheckpointError, TensorSource, build_model, convert_state_dict
 from graphrt.loader.weights_cache import WeightsCache
@@ -77,10 +78,14 @@ def load_model(model: Any = None, dtype: str | torch.dtype = "float32") -> Loade
 
 def _from_hf_dir(path: str, dtype: torch.dtype) -> LoadedModel:
     cfg = hf_dir.read_config(path)
-    state = convert_state_dict(cfg, hf_dir.safetensors_source(path), dtype)
+    src = hf_dir.safetensors_source(path)
+    state = convert_state_dict(cfg, src, dtype)
     eos = hf_dir.eos_from_generation_config(path) or cfg.eos_token_ids
     tok = load_hf_tokenizer(path) if hf_dir.has_tokenizer(path) else None
-    return LoadedModel(build_model(cfg, state, dtype), cfg, tok, eos, os.path.abspath(path))
+    model = build_model(cfg, state, dtype)
+    if cfg.mla is not None:
+        model.mtp_missing = mtp_present(cfg, src)
+    return LoadedModel(model, cfg, tok, eos, os.path.abspath(path))
 
 
 def _from_gguf(path: str, dtype: torch.dtype) -> LoadedModel:

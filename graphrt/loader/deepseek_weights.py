@@ -66,6 +66,34 @@ def layer_tensors(cfg: ModelConfig, src, i: int) -> dict[str, torch.Tensor]:
     return out
 
 
+MTP_OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")
+
+
+def mtp_present(cfg: ModelConfig, src) -> list[str]:
+    """The MTP tensors a checkpoint lacks (empty: it has them all), by DeepSeek's names."""
+    if cfg.mla is None or not cfg.num_mtp_layers:
+        return ["num_nextn_predict_layers >= 1 in config.json"]
+    names = [f"model.layers.{cfg.num_layers + i}.{n}" for i in range(cfg.num_mtp_layers) for n in MTP_OWN]
+    return [n for n in names if n not in src]
+
+
+def mtp_tensors(cfg: ModelConfig, src) -> dict[str, torch.Tensor]:
+    """MTP layer i, stored as DeepSeek ships it under ``model.layers.{num_hidden_layers + i}.``:
+    its own norms and projection, then one decoder layer's weights (the embedding and the head are
+    the main model's; copies in the checkpoint are not read)."""
+    h, out = cfg.hidden_size, {}
+    for i in range(cfg.num_mtp_layers):
+        index = cfg.num_layers + i
+        hf, ours = f"model.layers.{index}.", f"mtp.{i}."
+        out[ours + "enorm.weight"] = src.get(hf + "enorm.weight", (h,))
+        out[ours + "hnorm.weight"] = src.get(hf + "hnorm.weight", (h,))
+        out[ours + "eh_proj.weight"] = src.get(hf + "eh_proj.weight", (h, 2 * h))
+        out[ours + "shared_head_norm.weight"] = src.get(hf + "shared_head.norm.weight", (h,))
+        for name, t in layer_tensors(cfg, src, index).items():
+            out[ours + "block." + name.split(".", 2)[2]] = t
+    return out
+
+
 def _gated(src, hf: str, ours: str, inter: int, h: int) -> dict[str, torch.Tensor]:
     return {
         ours + "gate_up_proj.weight": torch.cat(

@@ -100,6 +100,8 @@ def convert_state_dict(cfg: ModelConfig, src: TensorSource, dtype: torch.dtype) 
     layer = deepseek_weights.layer_tensors if cfg.mla is not None else _layer_tensors
     for i in range(cfg.num_layers):
         state.update(layer(cfg, src, i))
+    if cfg.mla is not None and not deepseek_weights.mtp_present(cfg, src):
+        state.update(deepseek_weights.mtp_tensors(cfg, src))
     return {k: t.to(_dtype_of(k, dtype)).contiguous() for k, t in state.items()}
 
 
@@ -108,8 +110,9 @@ def _dtype_of(name: str, dtype: torch.dtype) -> torch.dtype:
 
 
 def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.nn.Module:
+    mtp_layers = sum(1 for k in state if k.startswith("mtp.") and k.endswith(".enorm.weight"))
     with torch.device("meta"):
-        model = model_class(cfg)(cfg)
+        model = model_class(cfg)(cfg, mtp_layers) if cfg.mla is not None else model_class(cfg)(cfg)
     model.load_state_dict(state, strict=True, assign=True)
     # Non-persistent buffers are not in the state dict: build them for real.
     model.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim)

@@ -134,8 +134,27 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class MTPLayer(nn.Module):
+    """A multi-token-prediction layer: the next token's embedding and the previous position's
+    final hidden state, each normalised, projected to one hidden state, through a full decoder
+    layer, then normalised for the shared LM head (transformers' ``MtpLayer``; DeepSeek's
+    ``shared_head.norm`` is the post-norm)."""
+
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
+        super().__init__()
+        h = cfg.hidden_size
+        self.enorm, self.hnorm = RMSNorm(h, cfg.rms_norm_eps), RMSNorm(h, cfg.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * h, h, bias=False)
+        self.block = DecoderLayer(cfg, index)
+        self.shared_head_norm = RMSNorm(h, cfg.rms_norm_eps)
+
+    def forward(self, embeds, hidden, positions, cos_sin, kv_cache, attn) -> torch.Tensor:
+        x = self.eh_proj(torch.cat((self.enorm(embeds), self.hnorm(hidden)), dim=-1))
+        return self.shared_head_norm(self.block(x, positions, cos_sin, kv_cache, attn))
+
+
 class DeepseekV3ForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, num_mtp_layers: int = 0) -> None:
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(
@@ -145,6 +164,8 @@ class DeepseekV3ForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.mtp = nn.ModuleList(MTPLayer(cfg, cfg.num_layers + i) for i in range(num_mtp_layers))
+        self.mtp_missing: list[str] = []  # set by the loader: MTP tensors the checkpoint lacks
 
     def forward(self, input_ids, positions, kv_caches, attn: AttentionInputs) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
@@ -152,6 +173,14 @@ class DeepseekV3ForCausalLM(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, positions, cos_sin, kv_cache, attn)
         return self.norm(x)
+
+    def mtp_forward(self, layer: int, input_ids, hidden, positions, kv_cache, attn: AttentionInputs) -> torch.Tensor:
+        """MTP layer ``layer`` over the step's tokens: token t is the token after the position of
+        ``hidden[t]`` (the main model's final hidden state there, or the previous MTP output) and
+        sits at that position; returns the normalised hidden states for the LM head."""
+        embeds = self.embed_tokens(input_ids)
+        cos_sin = self.rotary(positions, embeds.dtype)
+        return self.mtp[layer](embeds, hidden, positions, cos_sin, kv_cache, attn)
 
     def compute_logits(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

@@ -55,10 +55,19 @@ class CaptureSizes:
 
 class GraphCache:
     def __init__(
-        self, sizes: CaptureSizes, max_num_seqs: int, max_blocks: int, vocab_words: int, spec_k: int = 0
+        self,
+        sizes: CaptureSizes,
+        max_num_seqs: int,
+        max_blocks: int,
+        vocab_words: int,
+        spec_k: int = 0,
+        mtp_hidden: tuple | None = None,
+        draft_vocab: int = 0,
     ) -> None:
         self.sizes = sizes
         self.spec_k = spec_k  # draft tokens a verify row holds; 0: no verify graphs
+        self.mtp_hidden = mtp_hidden  # (hidden size, dtype) of MTP steps; None: no MTP graphs
+        self.draft_vocab = draft_vocab  # vocabulary of draft distributions verify steps take; 0: none
         self.max_num_seqs = max_num_seqs
         self.max_blocks = max_blocks
         self.vocab_words = vocab_words
@@ -76,22 +85,30 @@ class GraphCache:
             return sorted(
                 {GraphKey(kind, r * span, r) for r in self.sizes.decode if r <= self.max_num_seqs}, reverse=True
             )
+        # main and mtp keys: the same sizes (an MTP step covers the tokens the step before computed)
         keys = {GraphKey(kind, r, r) for r in self.sizes.decode if r <= self.max_num_seqs}
         keys |= {GraphKey(kind, t, min(self.max_num_seqs, t)) for t in self.sizes.mixed}
         return sorted(keys, reverse=True)
 
     def all_keys(self) -> list[GraphKey]:
-        return self.keys("main") + (self.keys("verify") if self.spec_k else [])
+        return (
+            self.keys("main")
+            + (self.keys("verify") if self.spec_k else [])
+            + (self.keys("mtp") if self.mtp_hidden else [])
+        )
 
     def dispatch(self, batch: StepBatch, kind: str = "main") -> GraphKey:
-        t, r = batch.num_tokens, batch.num_reqs
+        return self.key_for(kind, batch.num_tokens, batch.num_reqs)
+
+    def key_for(self, kind: str, t: int, r: int) -> GraphKey:
+        """The key a step of ``t`` tokens in ``r`` rows runs under (one token a row: a decode step)."""
         if kind == "verify":  # padded by rows to a decode size, K + 1 token slots a row
             span = self.spec_k + 1
             for size in self.sizes.decode[bisect.bisect_left(self.sizes.decode, r) :]:
                 if size <= self.max_num_seqs and size * span >= t:
                     return GraphKey(kind, size * span, size)
             return GraphKey(kind, max(t, r), r)  # bigger than every verify graph: eager
-        if batch.is_decode:
+        if t == r:
             i = bisect.bisect_left(self.sizes.decode, r)
             if i < len(self.sizes.decode) and self.sizes.decode[i] <= self.max_num_seqs:
                 size = self.sizes.decode[i]
@@ -102,16 +119,21 @@ class GraphCache:
             return GraphKey(kind, size, max(r, min(self.max_num_seqs, size)))
         return GraphKey(kind, t, r)  # bigger than every graph: exact size, eager
 
-    def decode_keys(self, rows: int) -> tuple[GraphKey, GraphKey]:
-        """The keys of a step of ``rows`` decoding rows: without drafts (main) and with (verify)."""
-        i = bisect.bisect_left(self.sizes.decode, rows)
-        size = self.sizes.decode[i] if i < len(self.sizes.decode) else rows
-        return GraphKey("main", size, size), GraphKey("verify", size * (self.spec_k + 1), size)
+    def decode_keys(self, rows: int) -> tuple[GraphKey, GraphKey, GraphKey]:
+        """The keys of a step of ``rows`` decoding rows: without drafts (main), with K drafts each
+        (verify), and the MTP step after such a verify step (K + 1 tokens a row)."""
+        span = self.spec_k + 1
+        return (
+            self.key_for("main", rows, rows),
+            self.key_for("verify", rows * span, rows),
+            self.key_for("mtp", rows * span, rows),
+        )
 
     def buffers(self, key: GraphKey) -> InputBuffers:
         if key not in self._buffers:
-            spec_k = self.spec_k if key.kind == "verify" else 0
-            self._buffers[key] = InputBuffers(key, self.max_blocks, self.vocab_words, spec_k)
+            self._buffers[key] = InputBuffers(
+                key, self.max_blocks, self.vocab_words, self.spec_k, self.mtp_hidden, self.draft_vocab
+            )
         return self._buffers[key]
 
     def run(self, key: GraphKey, eager: StepFn, kv_caches) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,19 +31,49 @@ ARG_NAMES = (
 
 
 VERIFY_ARG_NAMES = (*ARG_NAMES, "draft_token_ids", "num_drafts")
+VERIFY_PROBS_ARG_NAMES = (*VERIFY_ARG_NAMES, "draft_probs")
+MTP_ARG_NAMES = (
+    "input_ids",
+    "hidden",
+    "positions",
+    "token_req",
+    "block_tables",
+    "seq_lens",
+    "query_start_loc",
+    "logits_indices",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "seeds",
+    "offsets",
+)
 
 
 class InputBuffers:
     """``spec_k`` > 0: a verify key's buffers, with K draft slots a row and logits (and grammar
-    masks) at K + 1 positions a row."""
+    masks) at K + 1 positions a row. An MTP key's buffers (``hidden``: the hidden size and dtype)
+    hold each token's final hidden state instead of a bitmask."""
 
-    def __init__(self, key: GraphKey, max_blocks: int, vocab_words: int, spec_k: int = 0) -> None:
+    def __init__(
+        self,
+        key: GraphKey,
+        max_blocks: int,
+        vocab_words: int,
+        spec_k: int = 0,
+        hidden: tuple | None = None,
+        draft_vocab: int = 0,
+    ) -> None:
         t, r = key.num_tokens, key.num_reqs
         i64 = dict(dtype=torch.int64)
         self.key = key
-        self.spec_k = spec_k
-        self.names = VERIFY_ARG_NAMES if spec_k else ARG_NAMES
-        positions = r * (spec_k + 1)  # logits rows
+        self.spec_k = spec_k if key.kind == "verify" else 0
+        verify_names = VERIFY_PROBS_ARG_NAMES if draft_vocab else VERIFY_ARG_NAMES
+        self.names = {"verify": verify_names, "mtp": MTP_ARG_NAMES}.get(key.kind, ARG_NAMES)
+        positions = r * (self.spec_k + 1)  # logits rows
+        if key.kind == "mtp":
+            size, dtype = hidden
+            self.hidden = torch.zeros(t, size, dtype=dtype)
         self.input_ids = torch.zeros(t, **i64)
         self.positions = torch.zeros(t, **i64)
         self.token_req = torch.full((t,), -1, **i64)
@@ -58,9 +88,11 @@ class InputBuffers:
         self.seeds = torch.zeros(r, **i64)
         self.offsets = torch.zeros(r, **i64)
         self.bitmask = torch.full((positions, vocab_words), -1, dtype=torch.int32)
-        if spec_k:
+        if self.spec_k:
             self.draft_token_ids = torch.zeros(r, spec_k, **i64)
             self.num_drafts = torch.zeros(r, **i64)
+            if draft_vocab:  # the distribution of every draft (MTP)
+                self.draft_probs = torch.zeros(r, spec_k, draft_vocab)
 
     def load(self, b: StepBatch) -> None:
         """The one copy of a step's host data into the buffers, padding reset first."""
@@ -85,9 +117,15 @@ class InputBuffers:
             self.bitmask.fill_(-1)
         else:
             _put(self.bitmask, b.bitmask, -1)
+        if b.hidden is not None:
+            self.hidden[: b.hidden.shape[0]].copy_(b.hidden)
+            self.hidden[b.hidden.shape[0] :].zero_()
         if self.spec_k:
             _put(self.draft_token_ids, b.draft_token_ids, 0)
             _put(self.num_drafts, b.num_drafts, 0)
+            if "draft_probs" in self.names:
+                self.draft_probs[: b.draft_probs.shape[0]].copy_(b.draft_probs)
+                self.draft_probs[b.draft_probs.shape[0] :].zero_()
 
     def args(self) -> tuple[torch.Tensor, ...]:
         return tuple(getattr(self, n) for n in self.names)

@@ -15,7 +15,7 @@ from graphrt.runner.graph_cache import GraphCache
 from graphrt.runner.request_table import RequestTable
 from graphrt.runner.step_module import StepModule
 from graphrt.runner.step_times import StepTimes
-from graphrt.runner.steps import MainStep, ModelRunnerOutput, VerifyStep
+from graphrt.runner.steps import MainStep, ModelRunnerOutput, MTPStep, VerifyStep
 
 __all__ = ["ModelRunner", "ModelRunnerOutput"]
 
@@ -29,10 +29,13 @@ class ModelRunner:
         max_num_seqs: int,
         max_model_len: int,
         verify: StepModule | None = None,
+        mtp: torch.nn.Module | None = None,
     ) -> None:
         self.steps = {"main": MainStep(step)}
         if verify is not None:
             self.steps["verify"] = VerifyStep(verify)
+        if mtp is not None:
+            self.steps["mtp"] = MTPStep(mtp)
         self.kv_caches = kv_caches
         self.graphs = graphs
         self.step_times = StepTimes()
@@ -48,6 +51,18 @@ class ModelRunner:
             return ModelRunnerOutput()
         step = self.steps["verify" if out.draft_token_ids else "main"]
         batch = step.prepare(self.table, out, self.bitmask_provider)
+        key = self.graphs.dispatch(batch, step.kind)
+        self.graphs.buffers(key).load(batch)
+        with self.step_times.timing(key):
+            return step.read(batch, self.graphs.run(key, step.eager, self.kv_caches))
+
+    def draft(self, out: SchedulerOutput, last: ModelRunnerOutput, rows, block_ids) -> dict:
+        """The MTP step after ``execute``: ``rows`` (request ids of that step) through the MTP
+        layer; returns each row's drafts and their distributions."""
+        step = self.steps["mtp"]
+        batch = step.prepare(self.table, out, last, rows, block_ids)
+        if batch is None:
+            return {}
         key = self.graphs.dispatch(batch, step.kind)
         self.graphs.buffers(key).load(batch)
         with self.step_times.timing(key):

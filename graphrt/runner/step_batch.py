@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,6 +28,8 @@ class StepBatch:
     samples: np.ndarray  # [R] bool: does the row's sampled token count (prompt done)?
     draft_token_ids: np.ndarray | None = None  # verify steps: [R, K] int64 (0-padded)
     num_drafts: np.ndarray | None = None  # verify steps: [R] int64
+    hidden: torch.Tensor | None = None  # MTP steps: [T, H], each token's final hidden state
+    draft_probs: torch.Tensor | None = None  # verify steps with MTP drafts: [R, K, V]
 
     @property
     def num_tokens(self) -> int:

@@ -24,6 +24,8 @@ class ModelRunnerOutput:
     sampled: dict[str, list[int]] = field(default_factory=dict)  # rows whose prompt is done
     logprobs: dict[str, list[float]] = field(default_factory=dict)
     num_rejected: dict[str, int] = field(default_factory=dict)  # drafts scored but not accepted
+    hidden: torch.Tensor | None = None  # [T, H] final hidden states of the step's tokens (MTP)
+    query_start_loc: np.ndarray | None = None  # where each row's tokens sit in ``hidden``
 
 
 class MainStep:
@@ -66,14 +68,14 @@ class MainStep:
         )
 
     def read(self, batch: StepBatch, outputs) -> ModelRunnerOutput:
-        tokens, logprobs = outputs
+        tokens, logprobs, *hidden = outputs
         tokens, logprobs = tokens[: batch.num_reqs].tolist(), logprobs[: batch.num_reqs].tolist()
         result = ModelRunnerOutput(batch.req_ids)
         for r, rid in enumerate(batch.req_ids):
             if batch.samples[r]:
                 result.sampled[rid] = [tokens[r]]
                 result.logprobs[rid] = [logprobs[r]]
-        return result
+        return with_hidden(result, batch, hidden)
 
     @torch.inference_mode()
     def eager(self, *args):
@@ -91,6 +93,10 @@ class VerifyStep(MainStep):
     def __init__(self, module: torch.nn.Module) -> None:
         super().__init__(module)
         self.k = module.k
+        self.vocab = module.model.config.vocab_size
+        # request id → the distributions its drafts were drawn from ([≥ n, V]), or None (one-hot);
+        # set when the module takes draft distributions (MTP)
+        self.draft_probs_of = None
 
     def prepare(self, table: RequestTable, out: SchedulerOutput, bitmask_provider=None) -> StepBatch:
         for rid, drafts in out.draft_token_ids.items():  # past the request's tokens, for this step only
@@ -112,6 +118,7 @@ class VerifyStep(MainStep):
         return StepBatch(
             **{
                 **base.__dict__,
+                "draft_probs": self.probs(base.req_ids, out.draft_token_ids) if self.module.draft_probs else None,
                 "logits_indices": logits_indices,
                 "bitmask": bitmask,
                 "offsets": base.offsets - num_drafts,  # position 0 samples where a main step would
@@ -120,10 +127,22 @@ class VerifyStep(MainStep):
             }
         )
 
+    def probs(self, req_ids, drafts: dict) -> torch.Tensor:
+        """[R, K, V]: each drafted row's draft distributions (one-hot where it has none)."""
+        out = torch.zeros(len(req_ids), self.k, self.vocab)
+        for r, rid in enumerate(req_ids):
+            d = drafts.get(rid, ())
+            q = self.draft_probs_of(rid, d) if d and self.draft_probs_of is not None else None
+            if q is not None:
+                out[r, : len(d)] = q[: len(d)]
+            elif d:
+                out[r, torch.arange(len(d)), torch.tensor(d)] = 1.0
+        return out
+
     def read(self, batch: StepBatch, outputs) -> ModelRunnerOutput:
-        tokens, logprobs = outputs
+        tokens, logprobs, *hidden = outputs
         tokens, logprobs = tokens[: batch.num_reqs].tolist(), logprobs[: batch.num_reqs].tolist()
-        result = ModelRunnerOutput(batch.req_ids)
+        result = with_hidden(ModelRunnerOutput(batch.req_ids), batch, hidden)
         for r, rid in enumerate(batch.req_ids):
             if not batch.samples[r]:
                 continue  # a prefill chunk that does not reach the prompt's end
@@ -133,3 +152,82 @@ class VerifyStep(MainStep):
             if batch.num_drafts[r]:
                 result.num_rejected[rid] = int(batch.num_drafts[r]) + 1 - kept
         return result
+
+
+def with_hidden(result: ModelRunnerOutput, batch: StepBatch, hidden: list) -> ModelRunnerOutput:
+    if hidden:
+        result.hidden, result.query_start_loc = hidden[0], batch.query_start_loc
+    return result
+
+
+class MTPStep(MainStep):
+    """The MTP step after a main or verify step: every token that step computed and kept, paired
+    with the token after it and its final hidden state, through the MTP layer; K drafts a row."""
+
+    kind = "mtp"
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__(module)
+        self.k = module.k
+
+    def prepare(self, table: RequestTable, out: SchedulerOutput, last: ModelRunnerOutput, rows, block_ids):
+        """``rows``: the request ids of the step to run through the MTP layer (still running);
+        ``block_ids``: their block tables now (grown to hold the drafts)."""
+        order = [r for r, rid in enumerate(last.req_ids) if rid in rows]
+        if not order:
+            return None
+        req_ids = tuple(last.req_ids[r] for r in order)
+        ids, pos, hid, counts = [], [], [], []
+        for r, rid in zip(order, req_ids):
+            s = table.slot_of[rid]
+            c0 = int(table.num_computed[s])
+            m = out.num_scheduled_tokens[rid] - last.num_rejected.get(rid, 0)
+            nxt = table.token_ids[s, c0 + 1 : c0 + m].tolist()
+            nxt.append(last.sampled[rid][-1] if rid in last.sampled else int(table.token_ids[s, c0 + m]))
+            ids += nxt
+            pos += range(c0, c0 + m)
+            start = int(last.query_start_loc[r])
+            hid.append(last.hidden[start : start + m])
+            counts.append(m)
+        n = np.array(counts, dtype=np.int64)
+        qsl = np.concatenate(([0], np.cumsum(n)))
+        positions = np.array(pos, dtype=np.int64)
+        seq_lens = positions[qsl[1:] - 1] + 1
+        width = min(max(1, -(-int(seq_lens.max() + self.k) // self.block_size)), table.block_table.shape[1])
+        tables = np.zeros((len(req_ids), width), dtype=np.int64)
+        for i, rid in enumerate(req_ids):
+            blocks = block_ids[rid][:width]
+            tables[i, : len(blocks)] = blocks
+        slots = np.array([table.slot_of[rid] for rid in req_ids])
+        return StepBatch(
+            req_ids=req_ids,
+            token_ids=np.array(ids, dtype=np.int64),
+            positions=positions,
+            token_req=np.repeat(np.arange(len(req_ids)), n),
+            block_tables=tables,
+            seq_lens=seq_lens,
+            query_start_loc=qsl,
+            logits_indices=qsl[1:] - 1,
+            temperature=table.temperature[slots],
+            top_k=table.top_k[slots],
+            top_p=table.top_p[slots],
+            min_p=table.min_p[slots],
+            seeds=table.seed[slots],
+            offsets=seq_lens + 1,
+            bitmask=None,
+            samples=np.ones(len(req_ids), dtype=bool),
+            hidden=torch.cat(hid),
+        )
+
+    def read(self, batch: StepBatch, outputs) -> dict[str, tuple[list[int], torch.Tensor]]:
+        drafts, probs = outputs
+        drafts = drafts[: batch.num_reqs].tolist()
+        return {rid: (drafts[r], probs[r]) for r, rid in enumerate(batch.req_ids)}
+
+    @torch.inference_mode()
+    def eager(self, *args):
+        *inputs, kv_caches = args
+        width = max(1, -(-int(inputs[5].max() + self.k) // self.block_size))  # seq_lens, then the drafts
+        width = min(width, inputs[4].shape[1])
+        inputs[4] = inputs[4][:, :width]  # block_tables
+        return self.module(*inputs, kv_caches)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "mtp")
+ALIASES = {"deepseek_mtp": "mtp"}
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,13 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config keys {unknown} are not known; keys: {sorted(known)}")
         if "method" not in d:
             raise ValueError(f"speculative_config needs 'method'; methods: {list(METHODS)}")
-        return cls(**d)
+        return cls(**{**d, "method": ALIASES.get(d["method"], d["method"])})
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ValueError(f"speculative_config method={self.method!r} is not known; methods: {list(METHODS)}")
+            raise ValueError(
+                f"speculative_config method={self.method!r} is not known; methods: {list(METHODS)} (aliases: {ALIASES})"
+            )
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -12,12 +12,14 @@ It yields ``rows + E`` tokens where E is the expected number of accepted drafts,
 ``E > rows · (ratio − 1)``. A request's expected accepted drafts out of d is
 ``a + a² + … + aᵈ`` with ``a`` its acceptance so far (``(accepted + 1) / (drafted + 2)``);
 a request that has drafted fewer than ``probe`` tokens counts all its drafts (it is being
-probed: without a trial its acceptance cannot be known). Until a verify graph and its main
-graph have been timed, ratio counts as 1 (drafts are taken, which times them).
+probed: without a trial its acceptance cannot be known). The engine times plain steps first (no
+drafts until a main graph is timed: ratio ∞), then takes drafts while the verify graph is untimed
+(ratio 1), so neither cost is guessed.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -25,7 +27,7 @@ import numpy as np
 from graphrt.spec.config import SpeculativeConfig
 from graphrt.spec.ngram import NgramProposer
 
-# rows → a verify step's time over a main step's at those rows; None while unmeasured
+# rows → a verify step's time over a main step's at those rows (None: unknown, taken as 1)
 CostRatio = Callable[[int], "float | None"]
 
 
@@ -42,6 +44,10 @@ class Drafter:
         a = (req.num_accepted_tokens + 1) / (req.num_draft_tokens + 2)
         return a * (1 - a**num_drafts) / (1 - a)
 
+    def propose(self, req, room: int) -> list[int]:
+        """Up to ``room`` draft tokens for ``req`` (prompt lookup)."""
+        return self.proposer.propose(np.asarray(req.all_token_ids, dtype=np.int64), room)
+
     def propose_for(self, running, tracked: dict, max_model_len: int) -> None:
         for req in running:
             req.draft_token_ids = []
@@ -50,7 +56,8 @@ class Drafter:
         if not candidates:
             return
         ratio = self.cost_ratio(len(decoding))
-        needed = len(decoding) * ((1.0 if ratio is None else ratio) - 1.0)
+        self.per_row_need = (1.0 if ratio is None else ratio) - 1.0
+        needed = len(decoding) * self.per_row_need
         if sum(self.expected_accepted(req, self.k) for req in candidates) <= needed:
             return  # even k drafts a row would not pay: skip the lookups
         expected = 0.0
@@ -59,8 +66,60 @@ class Drafter:
                 self.k, req.params.max_tokens - len(req.output_token_ids) - 1, max_model_len - req.num_tokens - 1
             )
             if room >= 1:
-                req.draft_token_ids = self.proposer.propose(np.asarray(req.all_token_ids, dtype=np.int64), room)
+                req.draft_token_ids = self.propose(req, room)
                 expected += self.expected_accepted(req, len(req.draft_token_ids))
         if expected <= needed:
             for req in candidates:
                 req.draft_token_ids = []
+
+
+class MTPDrafter(Drafter):
+    """Drafts from the model's MTP layer: the MTP step after each step leaves every drafting row's
+    K drafts here (``remember``); a row takes them when they were made for its current length.
+
+    The MTP step costs a layer's forward over every token a step computes, so a request whose
+    drafts do not pay leaves it: once probed, a request whose expected accepted drafts fall below
+    its share of the measured cost of drafting (verify + MTP steps over main steps, the same cost
+    model as the verify decision) no longer runs through the MTP layer (``wants_mtp``) and decodes
+    plainly, at plain speed.
+    """
+
+    def __init__(self, config: SpeculativeConfig, cost_ratio: CostRatio | None = None, probe: int = 8) -> None:
+        self.k = config.num_speculative_tokens
+        self.cost_ratio = cost_ratio or (lambda rows: None)
+        self.probe = probe
+        self.per_row_need = 0.0  # the last step's drafting cost a decoding row, in main steps
+        self.left: set[str] = set()  # requests that stopped drafting (their MTP cache has gaps since)
+        self.drafts: dict[str, tuple] = {}  # request id → (its length then, drafts, their distributions)
+
+    def wants_mtp(self, req) -> bool:
+        if req.request_id in self.left:
+            return False
+        if req.num_draft_tokens < self.probe or math.isinf(self.per_row_need):  # probing, or costs untimed
+            return True
+        if self.expected_accepted(req, self.k) > self.per_row_need:
+            return True
+        self.left.add(req.request_id)
+        return False
+
+    def remember(self, request_id: str, num_tokens: int, drafts: list[int], probs=None) -> None:
+        self.drafts[request_id] = (num_tokens, drafts, probs)
+
+    def probs_of(self, request_id: str, drafts) -> object:
+        """The distributions [K, V] the request's ``drafts`` were drawn from, when they are the
+        MTP layer's (None: drafts from elsewhere, e.g. a test's, count as one-hot)."""
+        made = self.drafts.get(request_id)
+        if made is None or made[2] is None or list(made[1][: len(drafts)]) != list(drafts):
+            return None
+        return made[2]
+
+    def forget(self, request_id: str, finished: bool = False) -> None:
+        self.drafts.pop(request_id, None)
+        if finished:
+            self.left.discard(request_id)
+
+    def propose(self, req, room: int) -> list[int]:
+        made = self.drafts.get(req.request_id)
+        if made is None or made[0] != req.num_tokens:
+            return []
+        return list(made[1][:room])

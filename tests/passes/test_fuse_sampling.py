@@ -2,6 +2,7 @@
 
 import torch
 
+from graphrt import kernels
 from graphrt.kernels import canonical
 from tests.passes.recording import RecordingBackend, count
 
@@ -98,3 +99,28 @@ def test_verify_chain_becomes_one_rejection_sample():
     torch.testing.assert_close(logprobs, want_lp)
     assert tokens[0].tolist() == drafts[0].tolist() + [tokens[0, 2].item()]  # both drafts + bonus
     assert tokens[1, 2] == -1 and tokens[1, 0] == drafts[1, 0] and tokens[1, 1] != drafts[1, 1]
+
+
+def verify_logits_by_ratio(hidden, weight, bitmask, t, k, p, m, s, o, drafts, num_drafts, probs):
+    logits = torch.nn.functional.linear(hidden, weight)
+    return canonical.rejection_sample_by_ratio(logits, bitmask, t, k, p, m, s, o, drafts, num_drafts, probs)
+
+
+def test_verify_chain_with_draft_distributions_becomes_one_rejection_sample():
+    hidden, weight, bitmask, params, drafts, num_drafts = verify_inputs()
+    probs = torch.softmax(torch.randn(R, K, V, generator=torch.Generator().manual_seed(2)), -1)
+    rec = RecordingBackend()
+    args = (hidden, weight, bitmask, *params, drafts, num_drafts, probs)
+    tokens, logprobs = rec.compile(verify_logits_by_ratio)(*args)
+    assert count(rec.after, REJECT) == 1 and count(rec.after, OP) == 0 and count(rec.after, torch.searchsorted) == 0
+    want_tokens, want_lp = verify_logits_by_ratio(*args)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(logprobs, want_lp)
+    # and both are the op's own result (the kernel's ratio path), row by row
+    logits = torch.nn.functional.linear(hidden, weight).view(R, K + 1, V)
+    t, k, p, m, s, o = params
+    ref, ref_lp = kernels.rejection_sample(
+        drafts, num_drafts, logits, t, s, o, draft_probs=probs, top_k=k, top_p=p, min_p=m
+    )
+    assert torch.equal(tokens, ref)
+    torch.testing.assert_close(logprobs, ref_lp)

@@ -10,7 +10,7 @@ from graphrt.spec import NgramProposer, SpeculativeConfig
 @pytest.mark.parametrize(
     "config, match",
     [
-        ({"method": "eagle", "num_speculative_tokens": 3}, r"method='eagle' is not known; methods: \['ngram'\]"),
+        ({"method": "eagle", "num_speculative_tokens": 3}, r"method='eagle' is not known; methods: \['ngram', 'mtp'\]"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens=0 must be an integer >= 1"),
         ({"method": "ngram", "num_speculative_tokens": 2.5}, "num_speculative_tokens=2.5 must be an integer"),
         ({"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "prompt_lookup_min=4 must be <= "),

@@ -1,0 +1,260 @@
+"""How an engine comes up, in one documented order (``start``): open the graph cache, load the
+model, settle every setting (given, shipped or default) and build what depends on them, profile
+a worst-case step when the KV budget is a share of free memory, size and allocate the KV cache,
+build the scheduler and runner, capture (compile or load) the graphs, record the settings."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import time
+from dataclasses import dataclass
+
+from tqdm.auto import tqdm
+
+from graphrt.artifacts.store import ArtifactStore
+from graphrt.compiler.graph_builder import GraphBuilder, PendingGraph, model_key
+from graphrt.core.block_manager import BlockManager
+from graphrt.core.scheduler import Scheduler, SchedulerConfig
+from graphrt.grammar import GrammarCompiler
+from graphrt.loader import LoadedModel, load_model, resolve_dtype
+from graphrt.passes import PassManager
+from graphrt.runner.graph_cache import CaptureSizes, GraphCache
+from graphrt.runner.graph_key import GraphKey
+from graphrt.runner.kv_cache import KVCachePlan, allocate_kv_caches, bytes_per_block, plan_kv_cache
+from graphrt.runner.model_runner import ModelRunner
+from graphrt.runner.profile_run import worst_case_step_memory
+from graphrt.runner.step_module import MTPStepModule, StepModule, VerifyStepModule
+from graphrt.serving_settings import (
+    GraphCacheMismatchError,
+    ServingSettings,
+    adopt,
+    differences,
+    graphs_to_build,
+    mismatch_message,
+    model_identity,
+)
+from graphrt.spec.drafter import Drafter, MTPDrafter
+from graphrt.spec.mtp import check_mtp
+from graphrt.spec.stats import SpecStats
+from graphrt.user_cache import default_graph_cache_dir, remembered
+from graphrt.version import __version__
+
+BUILD_WORKERS = max(1, min(4, os.cpu_count() or 1))  # graph packages built side by side
+
+
+@dataclass(frozen=True)
+class CaptureRecord:
+    key: GraphKey
+    how: str  # "compiled" or "loaded"
+    seconds: float  # from the start of its capture until it was ready (builds overlap)
+
+
+class EngineStartup:
+    """The start-up half of ``LLMEngine`` (which sets ``config`` and calls ``start``)."""
+
+    # --- start-up, in this order ---------------------------------------------------------------
+
+    def start(self) -> EngineStartup:
+        t0 = time.perf_counter()
+        self.open_graph_cache()
+        self.load()
+        self.configure()
+        t1 = time.perf_counter()
+        if self.kv_budget() is None:  # only a budget that is a share of free memory needs the profile
+            self.activation_peak = remembered("profiles", self.profile_key(), self.profile_run)
+        self.initialize_kv_cache()
+        t2 = time.perf_counter()
+        self.capture_model()
+        self.record_settings()
+        self.startup_seconds = {"load": t1 - t0, "kv_cache": t2 - t1, "graphs": time.perf_counter() - t2}
+        return self
+
+    def open_graph_cache(self) -> None:
+        """The graph store: the per-user cache by default, a shipped directory when given (its
+        recorded settings are read here), none when graphs are not AOTInductor packages."""
+        c = self.config
+        self.shipped_dir = isinstance(c.graph_cache, (str, os.PathLike))
+        uses_store = c.compile and c.backend == "inductor" and c.graph_cache is not False
+        root = os.fspath(c.graph_cache) if self.shipped_dir else default_graph_cache_dir()
+        self.store = ArtifactStore(root, c.strict_graph_cache) if uses_store else None
+        recorded = self.store.settings() if self.store is not None and self.shipped_dir else None
+        self.shipped = ServingSettings.from_dict(recorded) if recorded else None
+
+    def load(self) -> None:
+        self.dtype = resolve_dtype(adopt(self.config.dtype, self.shipped, "dtype"))
+        self.loaded: LoadedModel = load_model(self.config.model, self.dtype)
+
+    def configure(self) -> None:
+        """Settle every setting (given, else shipped, else default), check them against a shipped
+        graph cache, and build what depends on them: scheduler limits, step module, graph cache."""
+        c, shipped, cfg = self.config, self.shipped, self.loaded.config
+        limit = cfg.max_position_embeddings
+        if c.max_model_len is not None:
+            self.max_model_len = c.max_model_len
+        elif shipped is not None and shipped.max_model_len <= limit:
+            self.max_model_len = shipped.max_model_len
+        else:
+            self.max_model_len = min(limit, 2048)
+        if self.max_model_len > limit or self.max_model_len < 2:
+            raise ValueError(f"max_model_len={self.max_model_len} must lie in [2, {limit}] for this model")
+        num_seqs = adopt(c.max_num_seqs, shipped, "max_num_seqs")
+        num_tokens = adopt(c.max_num_batched_tokens, shipped, "max_num_batched_tokens")
+        self.block_size = adopt(c.cache.block_size, shipped, "block_size")
+        spec_k = c.speculative_config.num_speculative_tokens if c.speculative_config is not None else 0
+        self.sched_config = SchedulerConfig(
+            num_seqs, min(num_tokens, self.max_model_len), self.max_model_len, num_seqs * (spec_k + 1) if spec_k else 0
+        )
+        if c.capture_sizes is not None:
+            sizes = c.capture_sizes
+        elif shipped is not None and (num_seqs, num_tokens) == (shipped.max_num_seqs, shipped.max_num_batched_tokens):
+            sizes = shipped.capture_sizes
+        else:
+            sizes = CaptureSizes.default(num_seqs, self.sched_config.max_num_batched_tokens)
+        self.settings = ServingSettings(
+            model_identity(cfg.to_dict()),
+            str(self.dtype).removeprefix("torch."),
+            self.block_size,
+            num_seqs,
+            num_tokens,
+            self.max_model_len,
+            sizes,
+            None,
+            tuple(sorted(c.passes_disabled)),
+            c.grammar_backend,
+            c.speculative_config.num_speculative_tokens if c.speculative_config is not None else 0,
+        )
+        self.max_blocks = -(-self.max_model_len // self.block_size)
+        self.spec = c.speculative_config
+        mtp = self.spec is not None and self.spec.method == "mtp"
+        if mtp:
+            check_mtp(self.loaded.model)
+        self.step_module = StepModule(self.loaded.model, self.block_size, c.grammar_backend, return_hidden=mtp)
+        self.verify_module, self.mtp_module, self.proposer, self.spec_stats = None, None, None, SpecStats()
+        if self.spec is not None:
+            self.spec.check_budget(self.sched_config.max_num_batched_tokens)
+            self.verify_module = VerifyStepModule(
+                self.loaded.model, self.block_size, self.spec.num_speculative_tokens, c.grammar_backend, mtp, mtp
+            )
+            if mtp:
+                self.mtp_module = MTPStepModule(self.loaded.model, self.block_size, self.spec.num_speculative_tokens)
+                self.proposer = MTPDrafter(self.spec, self._verify_cost_ratio)
+            else:
+                self.proposer = Drafter(self.spec, self._verify_cost_ratio)
+        self.kv_config = dataclasses.replace(cfg, num_layers=cfg.num_layers + 1) if mtp else cfg  # + the MTP layer's
+        self.grammar_compiler: GrammarCompiler | None = None  # built on the first constrained request
+        self.graphs = GraphCache(
+            sizes,
+            num_seqs,
+            self.max_blocks,
+            -(-cfg.vocab_size // 32),
+            spec_k,
+            (cfg.hidden_size, self.dtype) if mtp else None,
+            cfg.vocab_size if mtp else 0,
+        )
+        if shipped is not None and not c.rebuild_graph_cache:
+            self._check_shipped_settings()
+        self.model_key = (
+            model_key(cfg.to_dict(), self.dtype, self.step_module, self.block_size) if self.store is not None else None
+        )
+
+    def _check_shipped_settings(self) -> None:
+        """A shipped cache never compiles silently because of a setting: name each one that would
+        make graphs the cache lacks, with the number of graphs."""
+        diffs = differences(self.settings, self.shipped)
+        if not diffs:
+            return
+        missing = graphs_to_build(diffs, self.graphs.all_keys(), self.shipped)
+        if missing:
+            raise GraphCacheMismatchError(mismatch_message(self.store.root, diffs, missing))
+
+    def record_settings(self) -> None:
+        """A directory given as a graph cache keeps the settings it was filled with (first fill, or
+        a knowing rebuild), so that later engines can adopt them."""
+        if self.store is None or not self.shipped_dir or not self.config.compile:
+            return
+        if self.shipped is None or self.config.rebuild_graph_cache:
+            settings = dataclasses.replace(self.settings, kv_num_blocks=self.kv_plan.num_blocks)
+            self.store.record_settings(settings.to_dict())
+
+    def kv_budget(self) -> int | None:
+        """The KV cache's bytes when they are fixed: given, or the size a shipped cache was built
+        with (its default); None means a share of free memory."""
+        if self.config.cache.kv_cache_memory is not None:
+            return self.config.cache.kv_cache_memory
+        if self.shipped is not None and self.shipped.kv_num_blocks and self.shipped.block_size == self.block_size:
+            return self.shipped.kv_num_blocks * bytes_per_block(self.kv_config, self.block_size, self.dtype)
+        return None
+
+    def profile_key(self) -> dict:
+        """What the worst-case step's memory depends on (measured once, then remembered)."""
+        s = self.sched_config
+        return {
+            "model": self.settings.model,
+            "dtype": self.settings.dtype,
+            "tokens": s.max_num_batched_tokens,
+            "seqs": s.max_num_seqs,
+            "max_blocks": self.max_blocks,
+            "grammar_backend": self.config.grammar_backend,
+            "graphrt": __version__,
+        }
+
+    def profile_run(self) -> int:
+        """The worst-case step's peak memory growth in bytes (``runner/profile_run.py``)."""
+        self.activation_peak = worst_case_step_memory(
+            self.step_module, self.graphs, self.sched_config, self.loaded.config, self.dtype, self.block_size
+        )
+        return self.activation_peak
+
+    def initialize_kv_cache(self) -> KVCachePlan:
+        cache = dataclasses.replace(self.config.cache, block_size=self.block_size, kv_cache_memory=self.kv_budget())
+        self.kv_plan = plan_kv_cache(self.kv_config, cache, self.dtype, self.max_model_len, self.activation_peak)
+        self.kv_caches = allocate_kv_caches(self.kv_config, self.kv_plan.num_blocks, self.block_size, self.dtype)
+        self.blocks = BlockManager(self.kv_plan.num_blocks, self.block_size, self.config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(self.sched_config, self.blocks)
+        self.runner = ModelRunner(
+            self.step_module,
+            self.kv_caches,
+            self.graphs,
+            self.sched_config.max_num_seqs,
+            self.max_model_len,
+            self.verify_module,
+            self.mtp_module,
+        )
+        self.runner.bitmask_provider = self._fill_bitmask
+        if self.mtp_module is not None:
+            self.runner.steps["verify"].draft_probs_of = self.proposer.probs_of
+        return self.kv_plan
+
+    def capture_model(self) -> list[CaptureRecord]:
+        """Compile the graph of every key, largest first. Eager mode: nothing to capture."""
+        self.capture_report: list[CaptureRecord] = []
+        self.passes = PassManager(self.config.backend, self.config.passes_disabled)
+        if not self.config.compile:
+            return self.capture_report
+        self.graphs.compiling = True
+        steps = {"main": self.step_module, "verify": self.verify_module, "mtp": self.mtp_module}
+        builder = GraphBuilder(steps, self.kv_caches, self.passes, self.config.backend, self.store, self.model_key)
+        keys = self.graphs.all_keys()
+        bar = tqdm(total=len(keys), desc="capture", unit="graph", disable=not self.config.progress)
+        pending: collections.deque[PendingGraph] = collections.deque()
+        for key in keys:  # packages to build go to worker processes, a few side by side
+            out = builder.start(key, self.graphs.buffers(key))
+            if isinstance(out, PendingGraph):
+                pending.append(out)
+                if len(pending) >= BUILD_WORKERS:
+                    self._captured(*builder.finish(pending.popleft()), bar)
+            else:
+                self._captured(*out, bar)
+        while pending:
+            self._captured(*builder.finish(pending.popleft()), bar)
+        bar.close()
+        return self.capture_report
+
+    def _captured(self, graph, how: str, seconds: float, bar) -> None:
+        key = next(k for k in self.graphs.all_keys() if k.name == graph.name)
+        self.graphs.graphs[key] = graph
+        self.num_compiles += how == "compiled"
+        self.capture_report.append(CaptureRecord(key, how, seconds))
+        bar.update(1)

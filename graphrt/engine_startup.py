@@ -124,6 +124,7 @@ class EngineStartup:
             tuple(sorted(c.passes_disabled)),
             c.grammar_backend,
             c.speculative_config.num_speculative_tokens if c.speculative_config is not None else 0,
+            c.speculative_config.method if c.speculative_config is not None else "",
         )
         self.max_blocks = -(-self.max_model_len // self.block_size)
         self.spec = c.speculative_config

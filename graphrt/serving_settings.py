@@ -28,6 +28,7 @@ SHAPING = (
     "passes_disabled",
     "grammar_backend",
     "speculative_tokens",
+    "speculative_method",
 )
 
 
@@ -53,6 +54,7 @@ class ServingSettings:
     passes_disabled: tuple[str, ...]
     grammar_backend: str
     speculative_tokens: int = 0  # draft slots a verify graph holds; 0: no verify graphs
+    speculative_method: str = ""  # "ngram", "mtp" (MTP graphs, main graphs that return hidden states)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -97,7 +99,7 @@ def differences(wanted: ServingSettings, shipped: ServingSettings) -> list[str]:
 def graphs_to_build(diffs: list[str], wanted_keys: list, shipped: ServingSettings) -> int:
     """How many of the wanted graphs a cache built with ``shipped`` lacks: all of them when a
     setting that changes code differs, else those of other sizes or row counts."""
-    changes_code = {"model", "dtype", "block_size", "passes_disabled", "grammar_backend"}
+    changes_code = {"model", "dtype", "block_size", "passes_disabled", "grammar_backend", "speculative_method"}
     if any(d.split(":")[0] in changes_code for d in diffs):
         return len(wanted_keys)
     built = GraphCache(shipped.capture_sizes, shipped.max_num_seqs, 1, 1, shipped.speculative_tokens).all_keys()

@@ -85,7 +85,7 @@ class GraphBuilder:
     def cache_key(self, key: GraphKey, bufs: InputBuffers, free: bool = True) -> dict:
         key = {
             "graph": key.name,
-            "hidden_out": bool(getattr(self.steps[key.kind], "return_hidden", False)),  # MTP engines' main graphs
+            "step": step_variant(self.steps[key.kind]),
             "model": self.model_key,
             "passes": self.passes.uuid(),
             "inputs": self.signature(bufs, free),
@@ -157,6 +157,17 @@ class GraphBuilder:
         if kind == "param" and source[1] in self.weights:
             return self.weights[source[1]]
         raise ArtifactError(f"graph cache entry names an input {source} this model does not have")
+
+
+def step_variant(step: torch.nn.Module) -> dict:
+    """What a step module computes beyond its inputs' shapes: hidden states returned (an MTP
+    engine's main and verify graphs), the drafts an MTP graph chains, verification by draft
+    distributions."""
+    return {
+        "hidden_out": bool(getattr(step, "return_hidden", False)),
+        "k": int(getattr(step, "k", 0)),
+        "draft_probs": bool(getattr(step, "draft_probs", False)),
+    }
 
 
 def model_key(config_dict: dict, dtype: torch.dtype, model: torch.nn.Module, block_size: int) -> dict:

@@ -10,6 +10,7 @@ import torch
 import graphrt
 from graphrt import SamplingParams
 from graphrt.runner.graph_cache import CaptureSizes
+from graphrt.serving_settings import GraphCacheMismatchError
 from tests.helpers import make_llm
 from tests.oracle import hf_model, random_prompts
 from tests.tiny_models import make_mtp_oracle, save_tiny_with_mtp
@@ -150,6 +151,17 @@ def test_mtp_graphs_compile_once_and_load_from_a_shipped_cache(mtp_path, tmp_pat
     assert warm.stats()["compiles"] == 0
     assert [o.token_ids for o in warm.generate(prompts, GREEDY)] == [o.token_ids for o in want]
     assert warm.stats()["graph_misses"] == 0
+    # another chain length: its MTP and verify graphs are other graphs (the main ones load)
+    other = graphrt.LLM(
+        mtp_path, progress=False, graph_cache=cache, speculative_config=mtp(1), rebuild_graph_cache=True, **opts
+    )
+    assert other.stats()["compiles"] == 3  # one verify and two MTP graphs: a loaded k=2 MTP graph would be wrong
+    assert [o.token_ids for o in other.generate(prompts, GREEDY)] == [o.token_ids for o in want]
+    ngram = {"method": "ngram", "num_speculative_tokens": 2}
+    with pytest.raises(
+        GraphCacheMismatchError, match="speculative_method: asked 'ngram', the graph cache was built with 'mtp'"
+    ):
+        graphrt.LLM(mtp_path, progress=False, graph_cache=cache, speculative_config=ngram, **opts)
 
 
 def test_bad_mtp_configs(tiny_model, mtp_path):

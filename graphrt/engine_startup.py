@@ -154,6 +154,8 @@ class EngineStartup:
             (cfg.hidden_size, self.dtype) if mtp else None,
             cfg.vocab_size if mtp else 0,
         )
+        if mtp:
+            self.graphs.mtp_max_blocks = -(-(self.max_model_len + self.spec.num_speculative_tokens) // self.block_size)
         if shipped is not None and not c.rebuild_graph_cache:
             self._check_shipped_settings()
         self.model_key = (

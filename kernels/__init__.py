@@ -17,7 +17,7 @@ from graphrt.kernels.moe import moe_experts
 from graphrt.kernels.native_library import load as _load_native
 from graphrt.kernels.norm import fused_add_rms_norm, rms_norm
 from graphrt.kernels.rotary import rotary_embedding
-from graphrt.kernels.sampling import apply_token_bitmask, rejection_sample, sample
+from graphrt.kernels.sampling import apply_token_bitmask, draft_sample, rejection_sample, sample
 
 NATIVE_ISA = _load_native()  # the instruction set of the native CPU kernels; None: the torch bodies
 
@@ -33,6 +33,7 @@ OPS = (
     "rotary_embedding",
     "apply_token_bitmask",
     "sample",
+    "draft_sample",
     "rejection_sample",
 )
 
@@ -41,6 +42,7 @@ __all__ = [
     "KernelArgumentError",
     "NATIVE_ISA",
     "apply_token_bitmask",
+    "draft_sample",
     "fused_add_rms_norm",
     "linear",
     "mla_attention",

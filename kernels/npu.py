@@ -30,6 +30,7 @@ NPU_LOWERING: dict[str, tuple[str | None, str]] = {
     "rotary_embedding": ("torch_npu.npu_rotary_mul", "NeoX layout; GPT-J layout has no NPU op"),
     "apply_token_bitmask": (None, "unpack + masked_fill in aten; no torch_npu op fits"),
     "sample": (None, "aten softmax/cumsum/searchsorted; no torch_npu op fits"),
+    "draft_sample": (None, "aten softmax/sort/cumsum/searchsorted; no torch_npu op fits"),
     "rejection_sample": (None, "aten reference body; no torch_npu op fits"),
 }
 

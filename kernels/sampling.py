@@ -169,6 +169,59 @@ def sample(
     return torch.ops.graphrt.sample(logits, temperature, top_k, top_p, min_p, seeds, offsets, bitmask)
 
 
+# --- draft sampling --------------------------------------------------------------------------
+
+
+def _draft_sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = logits.float()
+    probs = filtered_probs(logits, temperature, top_k, top_p, min_p)  # the sort only when a row filters by rank
+    tokens = torch.where(temperature > 0, draw(probs, row_uniform(seeds, offsets, 3)), logits.argmax(dim=-1))
+    return tokens, probs
+
+
+def _draft_sample_fake(logits, temperature, top_k, top_p, min_p, seeds, offsets):
+    n = logits.shape[0]
+    return torch.empty(n, dtype=torch.int64, device=logits.device), torch.empty(
+        logits.shape, dtype=torch.float64, device=logits.device
+    )
+
+
+define(
+    "draft_sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, Tensor seeds, "
+    "Tensor offsets) -> (Tensor, Tensor)",
+    _draft_sample,
+    _draft_sample_fake,
+)
+
+
+def draft_sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A draft model's token a row and the distribution it came from: ``(tokens [N], q [N, V]
+    float64)``, q after temperature and the filters; greedy rows take the argmax, random rows draw
+    from q on a stream of their own (3; the target's draws use 0-2)."""
+    checks.check_ndim("logits", logits, 2, "[rows, vocab]")
+    checks.check_float("logits", logits)
+    _check_rows(
+        logits.shape[0], temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds, offsets=offsets
+    )
+    return torch.ops.graphrt.draft_sample(logits, temperature, top_k, top_p, min_p, seeds, offsets)
+
+
 # --- rejection sampling ---------------------------------------------------------------------
 
 

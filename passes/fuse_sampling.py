@@ -18,7 +18,9 @@ After::
 The verify step's chain (``canonical.rejection_sample``: the same chain over each row's K + 1
 positions, then drafts accepted while they equal the sampled tokens) becomes one
 ``graphrt::rejection_sample`` the same way, and so does its spelling with draft distributions
-(``canonical.rejection_sample_by_ratio``, MTP drafts).
+(``canonical.rejection_sample_by_ratio``, MTP drafts). An MTP step's draft sampling
+(``canonical.draft_sample``) becomes ``graphrt::draft_sample``, which skips the sort when no row
+filters by rank.
 
 Only the model's logits are sampled: the chain must start from a linear projection (the LM head).
 The same chain over any other tensor is left alone. The fused op skips the sort when no row uses
@@ -41,7 +43,12 @@ def _is_draw(n) -> bool:
 class FuseSampling(FusionPass):
     name = "fuse_sampling"
     # the verify step's chain first: it holds the main step's chain over its K + 1 positions a row
-    pattern_fns = (canonical.rejection_sample_by_ratio, canonical.rejection_sample, canonical.sample)
+    pattern_fns = (
+        canonical.rejection_sample_by_ratio,
+        canonical.rejection_sample,
+        canonical.sample,
+        canonical.draft_sample,
+    )
     witness = staticmethod(_is_draw)
 
     def accept(self, m) -> bool:
@@ -49,6 +56,9 @@ class FuseSampling(FusionPass):
         return getattr(logits, "op", None) == "call_function" and logits.target is torch._C._nn.linear
 
     def rewrite(self, graph, m):
+        if m.pattern.name == "draft_sample":
+            args = tuple(m[n] for n in ("logits", "temperature", "top_k", "top_p", "min_p", "seeds", "offsets"))
+            return emit(graph, torch.ops.graphrt.draft_sample.default, args, num_outputs=2)
         if m.pattern.name.startswith("rejection_sample"):
             probs = "draft_probs" if m.pattern.name == "rejection_sample_by_ratio" else None
             names = ("draft_token_ids", "num_drafts", probs, "logits", "temperature", "top_k", "top_p", "min_p")

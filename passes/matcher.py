@@ -10,7 +10,9 @@ that function. Matching is exact, so a pass fires only on what it claims:
 * shape arithmetic in the pattern (``q.shape[0]``, ``num_heads // num_kv_heads``, ``x.device``)
   is evaluated on the shapes of the bound tensors and must equal the graph's literal: Dynamo bakes
   static shapes into the graph, the pattern keeps the formula, and the formula is checked;
-* side-effecting calls (the in-place cache write) are found through the values they use;
+* side-effecting calls (the in-place cache write) are found through the values they use, and the
+  tensor they write may have other users only before or after the match (a cache written by
+  several matches in sequence, as an MTP layer's chained drafts do, keeps its order);
 * no matched intermediate may be used outside the match, except the pattern's outputs.
 """
 
@@ -190,14 +192,15 @@ def _match_at(pattern: Pattern, graph: fx.Graph, anchor: Node, t: Node) -> Match
     for t in matched:
         if t not in outputs and any(u not in matched for u in t.users):
             return None  # an intermediate escapes: rewriting would break its other user
-    for t in matched:  # a tensor written in place must not be used outside the match
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    first, last = min(order[t] for t in matched), max(order[t] for t in matched)
+    for t in matched:  # a tensor written in place must not be used inside the match's span by others
         if t.op == "call_method" and str(t.target).endswith("_"):
             base = t.args[0]
             while isinstance(base, Node) and base in matched:
                 base = base.args[0]
-            if isinstance(base, Node) and any(u not in matched for u in base.users):
+            if isinstance(base, Node) and any(u not in matched and first < order[u] < last for u in base.users):
                 return None
-    order = {n: i for i, n in enumerate(graph.nodes)}
     return Match(pattern, a.bind, sorted(matched, key=order.__getitem__))
 
 

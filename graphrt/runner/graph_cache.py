@@ -68,6 +68,9 @@ class GraphCache:
         self.spec_k = spec_k  # draft tokens a verify row holds; 0: no verify graphs
         self.mtp_hidden = mtp_hidden  # (hidden size, dtype) of MTP steps; None: no MTP graphs
         self.draft_vocab = draft_vocab  # vocabulary of draft distributions verify steps take; 0: none
+        # block-table columns of MTP keys: its chained drafts reach k - 1 positions past the last
+        # token, past max_model_len too (those columns stay the null block)
+        self.mtp_max_blocks = max_blocks
         self.max_num_seqs = max_num_seqs
         self.max_blocks = max_blocks
         self.vocab_words = vocab_words
@@ -131,8 +134,9 @@ class GraphCache:
 
     def buffers(self, key: GraphKey) -> InputBuffers:
         if key not in self._buffers:
+            width = self.mtp_max_blocks if key.kind == "mtp" else self.max_blocks
             self._buffers[key] = InputBuffers(
-                key, self.max_blocks, self.vocab_words, self.spec_k, self.mtp_hidden, self.draft_vocab
+                key, width, self.vocab_words, self.spec_k, self.mtp_hidden, self.draft_vocab
             )
         return self._buffers[key]
 

@@ -179,8 +179,8 @@ class MTPStepModule(nn.Module):
             drafts.append(token)
             probs.append(q)
             if j + 1 < self.k:
-                # the next position (at most the table's last: a row at max_model_len drafts nothing)
-                pos, lens = (pos + 1).clamp(max=block_tables.shape[1] * self.block_size - 1), lens + real.long()
+                # the next position (past max_model_len: block-table columns of the null block)
+                pos, lens = pos + 1, lens + real.long()
                 slots = canonical.slot_mapping(pos, row_of, block_tables, self.block_size)
                 step = AttentionInputs(block_tables, lens, torch.cat((rows.new_zeros(1), rows + 1)), row_of, slots)
                 h = self.model.mtp_forward(0, token, h, pos, cache, step)

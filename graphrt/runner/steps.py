@@ -194,6 +194,7 @@ class MTPStep(MainStep):
         positions = np.array(pos, dtype=np.int64)
         seq_lens = positions[qsl[1:] - 1] + 1
         width = min(max(1, -(-int(seq_lens.max() + self.k) // self.block_size)), table.block_table.shape[1])
+        # (a row near max_model_len chains past its table: those positions read the null block)
         tables = np.zeros((len(req_ids), width), dtype=np.int64)
         for i, rid in enumerate(req_ids):
             blocks = block_ids[rid][:width]

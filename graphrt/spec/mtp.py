@@ -38,7 +38,8 @@ def run_mtp(engine, out, result) -> None:
         if not drafter.wants_mtp(req):
             drafter.forget(rid)
             continue
-        blocks.allocate(rid, req.num_tokens + k)  # room for the chained drafts (kept if short of blocks)
+        # room for the chained drafts, within max_model_len (kept as is when short of blocks)
+        blocks.allocate(rid, min(req.num_tokens + k, engine.max_model_len))
         rows.add(rid)
     if not rows:
         return

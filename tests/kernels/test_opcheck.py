@@ -86,6 +86,7 @@ def cases():
             torch.tensor([0, 2]),
         ),
         "sample": samp,
+        "draft_sample": samp[:7],
         "rejection_sample": rej,
     }
 

@@ -141,6 +141,13 @@ def test_mtp_graphs_compile_once_and_load_from_a_shipped_cache(mtp_path, tmp_pat
     compiled = graphrt.LLM(mtp_path, progress=False, graph_cache=cache, speculative_config=mtp(2), **opts)
     kinds = sorted(key.kind for key in compiled.engine.graphs.graphs)
     assert kinds == ["main", "main", "mtp", "mtp", "verify"] and compiled.stats()["compiles"] == 5
+    for key, graph in compiled.engine.graphs.graphs.items():
+        if key.kind == "mtp":  # the first pass and the chained draft: each one fused MLA and draft sampler
+            counts = collections.Counter(
+                str(n.target) for n in graph.gm.graph.nodes if n.op in ("call_function", "call_method")
+            )
+            assert counts["graphrt.mla_attention.default"] == 2 and counts["graphrt.draft_sample.default"] == 2
+            assert not any("index_copy" in t or "einsum" in t or "sort" in t for t in counts), key
     prompts = random_prompts([5, 9, 13], seed=16)
     want = make_llm(mtp_path, **opts).generate(prompts, GREEDY)
     got = compiled.generate(prompts, GREEDY)

@@ -78,10 +78,10 @@ class MTPDrafter(Drafter):
     K drafts here (``remember``); a row takes them when they were made for its current length.
 
     The MTP step costs a layer's forward over every token a step computes, so a request whose
-    drafts do not pay leaves it: once probed, a request whose expected accepted drafts fall below
-    its share of the measured cost of drafting (verify + MTP steps over main steps, the same cost
-    model as the verify decision) no longer runs through the MTP layer (``wants_mtp``) and decodes
-    plainly, at plain speed.
+    drafts do not pay leaves it: a request whose expected accepted drafts (k while it is being
+    probed: the most it could gain) fall below its share of the measured cost of drafting (verify
+    + MTP steps over main steps, the cost model of the verify decision) no longer runs through the
+    MTP layer (``wants_mtp``) and decodes plainly, at plain speed.
     """
 
     def __init__(self, config: SpeculativeConfig, cost_ratio: CostRatio | None = None, probe: int = 8) -> None:
@@ -95,9 +95,9 @@ class MTPDrafter(Drafter):
     def wants_mtp(self, req) -> bool:
         if req.request_id in self.left:
             return False
-        if req.num_draft_tokens < self.probe or math.isinf(self.per_row_need):  # probing, or costs untimed
+        if math.isinf(self.per_row_need):  # plain steps not timed yet
             return True
-        if self.expected_accepted(req, self.k) > self.per_row_need:
+        if self.expected_accepted(req, self.k) > self.per_row_need:  # a request being probed counts k
             return True
         self.left.add(req.request_id)
         return False

@@ -71,3 +71,26 @@ def test_step_times_skip_warm_up_and_average():
     assert times.ratio(verify, main) is None  # only warm-up steps so far
     times.record(verify, 4.0)
     assert times.mean[main] == 2.0 and times.ratio(verify, main) == 2.0
+
+
+def test_mtp_requests_leave_the_mtp_layer_when_drafting_cannot_pay():
+    from graphrt.spec.drafter import MTPDrafter
+
+    drafter = MTPDrafter(SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 2}))
+    fresh, failing, good = decoding("a", REPEATS), decoding("b", REPEATS, 40, 2), decoding("c", REPEATS, 40, 36)
+    drafter.per_row_need = float("inf")  # plain steps untimed: everyone stays
+    assert all(drafter.wants_mtp(r) for r in (fresh, failing, good))
+    drafter.per_row_need = 1.2  # drafting costs 2.2 main steps a row
+    assert drafter.wants_mtp(fresh) and drafter.wants_mtp(good)  # probed: up to 2 > 1.2; a = 37/42: 1.66
+    assert not drafter.wants_mtp(failing)  # a = 3/42: 0.08
+    drafter.per_row_need = 2.5  # now not even two right drafts pay
+    assert not drafter.wants_mtp(fresh) and not drafter.wants_mtp(good)
+    drafter.per_row_need = 0.0
+    assert not drafter.wants_mtp(failing)  # once left, for good (its MTP cache has gaps since)
+    drafter.forget("b", finished=True)
+    assert drafter.wants_mtp(failing)  # (a finished id may come back as a new request)
+    drafter.remember("c", 10, [4, 5], None)
+    assert drafter.propose(good, 2) == [4, 5] and drafter.propose(good, 1) == [4]
+    assert drafter.probs_of("c", [4, 5]) is None
+    drafter.remember("c", 11, [4, 5], "q")
+    assert drafter.propose(good, 2) == [] and drafter.probs_of("c", [4]) == "q" and drafter.probs_of("c", [5]) is None

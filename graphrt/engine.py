@@ -182,15 +182,22 @@ class LLMEngine(EngineStartup):
         """A step with drafts over a plain step, measured at ``rows`` decoding rows: the verify
         step (and with MTP the MTP step after it, which runs only for drafting requests) over a
         main step. Plain steps are timed first (no drafts until they are: infinite), then steps
-        with drafts (taken while untimed: ratio 1), so that neither cost is ever guessed."""
-        main, verify, mtp = self.graphs.decode_keys(rows)
+        with drafts (taken while untimed: ratio 1), so that neither cost is ever guessed. The MTP
+        step after a verify step holds 1 to k + 1 tokens a row; until the k + 1 size is timed,
+        the one-token size (timed after every main step) stands for it."""
+        main, verify, mtp_after_verify = self.graphs.decode_keys(rows)
         times = self.runner.step_times.mean
         if main not in times:
             return math.inf
-        drafting = [verify] + ([mtp] if self.mtp_module is not None else [])
-        if any(key not in times for key in drafting):
+        if verify not in times:
             return 1.0
-        return sum(times[key] for key in drafting) / times[main]
+        cost = times[verify]
+        if self.mtp_module is not None:
+            mtp = times.get(mtp_after_verify, times.get(self.graphs.key_for("mtp", rows, rows)))
+            if mtp is None:
+                return 1.0
+            cost += mtp
+        return cost / times[main]
 
     # --- one step ------------------------------------------------------------------------------
 

@@ -6,8 +6,9 @@ random weights the MTP drafts are never right, so three MTP runs sit beside plai
 one run, interleaved: the MTP layer's own drafts, and drafts forced to a given accuracy (the
 plain run's own tokens, each right with probability ``accuracy``: 1.0 and 0.3), whose MTP steps
 still run. Reported: decode tokens/s and speed-up, acceptance, mean accepted length, each step
-kind's measured cost against a main step, and for all-right drafts the speed-up the step costs
-predict: (k + 1) main steps of tokens a row per round of one verify and one MTP step.
+kind's cost against a main step (its graph replayed after the runs), and for all-right drafts the
+speed-up those costs predict: k + 1 tokens a row per round of one verify and one MTP step,
+against one token a row per main step.
 """
 
 from __future__ import annotations
@@ -94,6 +95,19 @@ class ForcedDrafts:
         return []
 
 
+def _replay(llm, key, repeats: int = 20) -> float | None:
+    """Median seconds of one replay of the engine's graph for ``key`` (None: no such graph)."""
+    graph = llm.engine.graphs.graphs.get(key)
+    if graph is None:
+        return None
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        graph()
+        times.append(time.perf_counter() - start)
+    return median(times)
+
+
 def _timed(llm, prompts, params) -> tuple[list[list[int]], float]:
     tokens = [[] for _ in prompts]
     first = None
@@ -150,8 +164,8 @@ def bench_mtp(
                 times[name].append(seconds)
                 outputs[name] = tokens
         base = median(times["plain"])
-        main_key = engines["plain"].engine.graphs.key_for("main", batch, batch)
-        t_main = engines["plain"].engine.runner.step_times.mean.get(main_key)
+        # step costs: each graph replayed on its last inputs, right after the runs
+        t_main = _replay(engines["plain"], engines["plain"].engine.graphs.key_for("main", batch, batch))
         for name, llm in engines.items():
             row = {
                 "batch": batch,
@@ -167,15 +181,15 @@ def bench_mtp(
                 row["mean_accepted_length"] = stats["spec_mean_accepted_length"]
                 k = e.spec.num_speculative_tokens
                 _, verify_key, mtp_key = e.graphs.decode_keys(batch)
-                mtp_after_main = e.graphs.key_for("mtp", batch, batch)
-                means = e.runner.step_times.mean
+                verify, mtp = _replay(llm, verify_key), _replay(llm, mtp_key)
+                mtp_after_main = _replay(llm, e.graphs.key_for("mtp", batch, batch))
                 row["cost"] = {
-                    "verify/main": means.get(verify_key, float("nan")) / t_main if t_main else None,
-                    "mtp after verify/main": means.get(mtp_key, float("nan")) / t_main if t_main else None,
-                    "mtp after main/main": means.get(mtp_after_main, float("nan")) / t_main if t_main else None,
+                    "verify/main": verify / t_main,
+                    "mtp after verify/main": mtp / t_main,
+                    "mtp after main/main": mtp_after_main / t_main,
                 }
-                if name.endswith("100% right") and verify_key in means and mtp_key in means:
-                    row["predicted_speedup"] = (k + 1) * t_main / (means[verify_key] + means[mtp_key])
+                if name.endswith("100% right"):
+                    row["predicted_speedup"] = (k + 1) * t_main / (verify + mtp)
             results.append(row)
             line = (
                 f"batch {batch}  {name:<28} {row['tokens_per_s']:7.1f} decode tok/s  {row['speedup']:.2f}x  "

@@ -6,3 +6,11 @@ import graphrt
 def make_llm(model, **kwargs):
     """An engine in eager mode (no graph compiles) unless the test asks for compile=True."""
     return graphrt.LLM(model, **{"compile": False, "progress": False, **kwargs})
+
+
+def drafting_always(llm):
+    """Pin the drafter's cost model: a step with drafts costs one main step, so every step that
+    has drafts verifies them. Tests of what verification does use it (which steps draft is a
+    measured choice, tested on its own in tests/spec/test_drafter.py)."""
+    llm.engine.proposer.cost_ratio = lambda rows: 1.0
+    return llm

@@ -40,6 +40,13 @@ TINY_CONFIGS = {
             ),
         ),
     ),
+    "qwen2_yarn": (
+        "Qwen2Config",
+        dict(
+            num_key_value_heads=2,
+            rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64),
+        ),
+    ),
     # DeepSeek-V3: MLA with q LoRA, YaRN (mscale), a dense first layer, then MoE layers with a
     # shared expert and group-limited routing (4 groups of 4 experts, the best 2 groups, top 3)
     "deepseek_v3": (

@@ -119,7 +119,7 @@ def test_missing_tensor_is_named(tiny_model, tmp_path):
     "edit, match",
     [
         ({"architectures": ["MistralForCausalLM"]}, "MistralForCausalLM.*supported: .*LlamaForCausalLM"),
-        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "yarn.*supported"),
+        ({"rope_parameters": {"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e4}}, "longrope.*supported"),
         ({"hidden_act": "gelu"}, "gelu.*supported"),
         ({"num_key_value_heads": 3}, "not a multiple"),
     ],

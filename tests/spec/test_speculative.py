@@ -9,7 +9,7 @@ import pytest
 import graphrt
 from graphrt import SamplingParams
 from graphrt.runner.graph_cache import CaptureSizes
-from tests.helpers import make_llm
+from tests.helpers import drafting_always, make_llm
 from tests.oracle import random_prompts
 
 REPETITIVE = [[5, 6, 7, 8, 9, 10, 11, 12] * 4 + [5, 6], [1, 2, 3] * 7, [40, 41]]
@@ -38,7 +38,7 @@ class Oracle:
 
 def plain_and_spec(path, prompts, params, k, **opts):
     plain = make_llm(path, **opts).generate(prompts, params)
-    spec = make_llm(path, speculative_config=ngram(k), **opts)
+    spec = drafting_always(make_llm(path, speculative_config=ngram(k), **opts))
     return plain, spec
 
 
@@ -60,7 +60,7 @@ def test_accepted_runs_rejections_preemption_and_stops_stay_exact(tiny_model):
     prompts = random_prompts([7, 30, 12, 5], seed=71)
     opts = dict(max_num_seqs=3, max_num_batched_tokens=16, kv_cache_memory=60_000, max_model_len=64)
     runs = [p + o.token_ids for p, o in zip(prompts, make_llm(path, **opts).generate(prompts, GREEDY))]
-    spec = make_llm(path, speculative_config=ngram(4), **opts)
+    spec = drafting_always(make_llm(path, speculative_config=ngram(4), **opts))
     spec.engine.proposer.proposer = Oracle(runs, 256)
     got = spec.generate(prompts, GREEDY)
     assert [p + o.token_ids for p, o in zip(prompts, got)] == runs
@@ -82,14 +82,16 @@ def test_verify_graphs_compile_load_from_a_shipped_cache_and_pad_without_writing
     opts = dict(max_num_seqs=4, max_num_batched_tokens=32, kv_cache_memory=4_000_000, progress=False)
     sizes = CaptureSizes((1, 2, 4), (32,))
     cache = tempfile.mkdtemp()
-    built = graphrt.LLM(path, graph_cache=cache, capture_sizes=sizes, speculative_config=ngram(3), **opts)
+    built = drafting_always(
+        graphrt.LLM(path, graph_cache=cache, capture_sizes=sizes, speculative_config=ngram(3), **opts)
+    )
     names = [r.key.name for r in built.capture_report()]
     assert {"verify-t16-r4", "verify-t8-r2", "verify-t4-r1"} <= set(names) and built.stats()["compiles"] == 7
     want = [o.token_ids for o in make_llm(path, **opts).generate(prompts, GREEDY)]
     assert [o.token_ids for o in built.generate(prompts, GREEDY)] == want
     s = built.stats()
     assert s["graph_misses"] == 0 and s["spec_draft_tokens"] > 0 and s["free_blocks"] == s["total_blocks"]
-    loaded = graphrt.LLM(path, graph_cache=cache, speculative_config=ngram(3), progress=False)
+    loaded = drafting_always(graphrt.LLM(path, graph_cache=cache, speculative_config=ngram(3), progress=False))
     assert loaded.stats()["compiles"] == 0 and [r.how for r in loaded.capture_report()] == ["loaded"] * 7
     assert [o.token_ids for o in loaded.generate(prompts, GREEDY)] == want
     # one verify row in the two-row graph: the padding row and padding tokens write nothing
@@ -130,7 +132,7 @@ def test_random_and_filtered_sampling_with_drafts_is_plain_sampling(tiny_model):
     ]
     opts = dict(max_num_seqs=8, max_num_batched_tokens=32, kv_cache_memory=4_000_000)
     plain = make_llm(path, **opts).generate(prompts, params)
-    spec = make_llm(path, speculative_config=ngram(3), **opts)
+    spec = drafting_always(make_llm(path, speculative_config=ngram(3), **opts))
     spec.engine.proposer.proposer = Oracle([p + o.token_ids for p, o in zip(prompts, plain)], 256)
     got = spec.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in plain]
@@ -160,7 +162,7 @@ def test_grammar_requests_draft_under_their_masks(tiny_tok_model, grammar_backen
     plain = make_llm(tiny_tok_model, **opts)
     want = plain.generate(prompts, params)
     ids = [plain.engine.tokenize(p) for p in prompts]
-    spec = make_llm(tiny_tok_model, speculative_config=ngram(3), **opts)
+    spec = drafting_always(make_llm(tiny_tok_model, speculative_config=ngram(3), **opts))
     spec.engine.proposer.proposer = Oracle([i + o.token_ids for i, o in zip(ids, want)], 49152)
     got = spec.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
@@ -178,7 +180,7 @@ def test_smollm2_greedy_with_ngram_drafts_is_plain_greedy():
     prompts = [repetitive_prompt(40), "What is the capital of France? Answer in one sentence."]
     plain = make_llm(None, **opts)
     want = [plain.generate([prompts[0]], params)[0].token_ids, plain.generate([prompts[1]], params, chat=True)[0]]
-    spec = make_llm(None, speculative_config=ngram(5), **opts)
+    spec = drafting_always(make_llm(None, speculative_config=ngram(5), **opts))
     got = [spec.generate([prompts[0]], params)[0], spec.generate([prompts[1]], params, chat=True)[0]]
     assert [got[0].token_ids, got[1].token_ids] == [want[0], want[1].token_ids]
     assert got[0].num_accepted_tokens > 10  # the copy is drafted and accepted

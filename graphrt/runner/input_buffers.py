@@ -32,22 +32,8 @@ ARG_NAMES = (
 
 VERIFY_ARG_NAMES = (*ARG_NAMES, "draft_token_ids", "num_drafts")
 VERIFY_PROBS_ARG_NAMES = (*VERIFY_ARG_NAMES, "draft_probs")
-MTP_ARG_NAMES = (
-    "input_ids",
-    "hidden",
-    "positions",
-    "token_req",
-    "block_tables",
-    "seq_lens",
-    "query_start_loc",
-    "logits_indices",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "seeds",
-    "offsets",
-)
+# an MTP step: each token's final hidden state beside its id, no bitmask (drafts are unconstrained)
+MTP_ARG_NAMES = (ARG_NAMES[0], "hidden", *ARG_NAMES[1:-1])
 
 
 class InputBuffers:

@@ -1,4 +1,5 @@
-"""StepTimes: how long each graph key's steps take on this machine, measured as they run.
+"""StepTimes: how long each graph key's steps take on this machine, measured as they run (the
+runner times a whole step: its host work, the buffers' load, the graph and the read-back).
 
 The drafter weighs a verify step's cost against a main step's with these: what a verify graph
 costs relative to the main graph of the same rows depends on the machine (a weight-streaming
@@ -7,9 +8,6 @@ of a key are left out (first-touch page faults, lazy initialisation); after that
 """
 
 from __future__ import annotations
-
-import time
-from contextlib import contextmanager
 
 from graphrt.runner.graph_key import GraphKey
 
@@ -27,12 +25,6 @@ class StepTimes:
             return
         old = self.mean.get(key)
         self.mean[key] = seconds if old is None else old + self.weight * (seconds - old)
-
-    @contextmanager
-    def timing(self, key: GraphKey):
-        start = time.perf_counter()
-        yield
-        self.record(key, time.perf_counter() - start)
 
     def ratio(self, key: GraphKey, base: GraphKey) -> float | None:
         """``key``'s mean time over ``base``'s; None until both are measured."""

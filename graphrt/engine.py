@@ -82,11 +82,20 @@ class LLMEngine(EngineStartup):
     def tokenizer(self):
         return self.loaded.tokenizer
 
-    def tokenize(self, prompt: str | list[int], chat: bool = False) -> list[int]:
-        if isinstance(prompt, str):
+    def tokenize(self, prompt: str | list[int] | list[dict], chat: bool = False) -> list[int]:
+        """Token ids of a prompt: text (through the chat template when ``chat``), a conversation
+        (a list of {role, content} messages, always through the chat template) or token ids."""
+        conversation = bool(prompt) and isinstance(prompt, list) and isinstance(prompt[0], dict)
+        if isinstance(prompt, str) or conversation:
             if self.tokenizer is None:
                 raise InvalidRequestError("this checkpoint has no tokenizer files: pass prompts as lists of token ids")
-            ids = self.tokenizer.apply_chat_template(prompt) if chat else self.tokenizer.encode(prompt)
+            if chat or conversation:
+                try:
+                    ids = self.tokenizer.apply_chat_template(prompt)
+                except Exception as e:  # the template's own complaint (raise_exception) or a render error
+                    raise InvalidRequestError(f"the chat template cannot render these messages: {e}") from None
+            else:
+                ids = self.tokenizer.encode(prompt)
         else:
             ids = list(prompt)
         self._check_prompt(ids)

@@ -46,8 +46,10 @@ class Tokenizer:
             return self._fast.decode(ids, skip_special_tokens=True)
         return self.hf.decode(ids, skip_special_tokens=True)
 
-    def apply_chat_template(self, text: str) -> list[int]:
-        messages = [{"role": "user", "content": text}]
+    def apply_chat_template(self, conversation: str | list[dict[str, str]]) -> list[int]:
+        """Token ids of a conversation (a list of {role, content} messages, or one user
+        message's text) rendered with the model's chat template, ready for the reply."""
+        messages = [{"role": "user", "content": conversation}] if isinstance(conversation, str) else conversation
         if self._template is not None:
             try:
                 rendered = _compiled(self._template).render(

@@ -1,11 +1,11 @@
-"""The ``graphrt`` command line: generate, precompile, bench, cache."""
+"""The ``graphrt`` command line: generate, precompile, bench, cache, serve."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from graphrt.cli import bench, cache, generate, precompile
+from graphrt.cli import bench, cache, generate, precompile, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     precompile.add_parser(sub)
     bench.add_parser(sub)
     cache.add_parser(sub)
+    serve.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,68 @@
+"""``graphrt serve``: the OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from graphrt.cli.common import add_model_args, llm_kwargs
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("GRAPHRT_API_KEY"), help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--max-queued", type=int, default=128, help="waiting requests beyond this get HTTP 429")
+    p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get HTTP 413")
+    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: from --model)")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds in-flight requests get on SIGTERM")
+    p.add_argument("--grammar-backend", default="in-graph", choices=["in-graph", "xgrammar-cpu"])
+    p.set_defaults(func=run)
+
+
+def model_name(model: str | None) -> str:
+    if model is None:
+        return "SmolLM2-135M-Instruct"
+    return os.path.basename(os.path.normpath(model)).removesuffix(".gguf")
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from graphrt.llm import LLM
+    from graphrt.server.app import build_app
+
+    if args.max_queued < 1:
+        raise ValueError(f"--max-queued={args.max_queued} is invalid: it must be at least 1")
+    kwargs = llm_kwargs(args)
+    kwargs["grammar_backend"] = args.grammar_backend
+    kwargs["progress"] = False
+    llm = LLM(**kwargs)
+    name = args.served_model_name or model_name(args.model)
+    app = build_app(
+        llm.engine,
+        name,
+        api_key=args.api_key,
+        max_queued=args.max_queued,
+        max_body_bytes=args.max_request_bytes,
+        shutdown_timeout=args.shutdown_timeout,
+    )
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        timeout_graceful_shutdown=args.shutdown_timeout,
+    )
+    server = uvicorn.Server(config)
+    print(f"[graphrt] serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    # uvicorn re-raises the signal it shut down on once it has finished; a handler of our own
+    # takes it, so that a graceful SIGTERM / Ctrl-C shutdown exits 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
+    server.run()
+    return 0 if server.started else 1

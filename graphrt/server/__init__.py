@@ -1,0 +1,1 @@
+"""``graphrt serve``: the OpenAI-compatible HTTP server (FastAPI app, engine thread, metrics)."""

@@ -2,6 +2,7 @@
 
 import logging
 import os
+import shutil
 
 import pytest
 import torch
@@ -17,6 +18,24 @@ def cache_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """A cache directory holding the converted bf16 entry and the weights it gives (converted
+    once for the tests that damage a copy of it)."""
+    root = tmp_path_factory.mktemp("converted")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRAPHRT_CACHE_DIR", str(root))
+        loaded = load_model(None, "bfloat16")
+        reference = {k: v.clone() for k, v in loaded.model.state_dict().items()}
+        reference["config"], reference["eos"], reference["tokenizer"] = (
+            loaded.config,
+            loaded.eos_token_ids,
+            loaded.tokenizer,
+        )
+        del loaded
+    return root, reference
+
+
 def entry_dir(cache_dir):
     (entry,) = [e for e in os.listdir(cache_dir / "weights") if not e.startswith(".")]
     return cache_dir / "weights" / entry
@@ -29,25 +48,25 @@ def refuse_gguf(monkeypatch):
     monkeypatch.setattr(gguf_mod.GGUFCheckpoint, "__init__", refuse)
 
 
-def test_second_load_maps_the_converted_weights_and_tokenizer(cache_dir, monkeypatch):
-    first = load_model(None, "bfloat16")
-    reference = {k: v.clone() for k, v in first.model.state_dict().items()}
+def test_second_load_maps_the_converted_weights_and_tokenizer(cache_dir, converted, monkeypatch):
+    root, reference = converted  # the first load converted the GGUF into this entry
+    shutil.copytree(root / "weights", cache_dir / "weights")
     text = "The capital of France is Paris."
     refuse_gguf(monkeypatch)
     second = load_model(None, "bfloat16")
-    assert second.config == first.config and second.eos_token_ids == first.eos_token_ids
+    assert second.config == reference["config"] and second.eos_token_ids == reference["eos"]
     for k, v in second.model.state_dict().items():
         assert torch.equal(v, reference[k]), k
-    assert second.tokenizer.encode(text) == first.tokenizer.encode(text)
-    assert second.tokenizer.apply_chat_template(text) == first.tokenizer.apply_chat_template(text)
-    assert second.source == first.source == os.path.abspath(default_model_path())
+    first_tok = reference["tokenizer"]
+    assert second.tokenizer.encode(text) == first_tok.encode(text)
+    assert second.tokenizer.apply_chat_template(text) == first_tok.apply_chat_template(text)
+    assert second.source == os.path.abspath(default_model_path())
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "tokenizer"])
-def test_a_damaged_entry_is_detected_and_rebuilt_from_the_checkpoint(cache_dir, caplog, damage):
-    first = load_model(None, "bfloat16")
-    reference = {k: v.clone() for k, v in first.model.state_dict().items()}
-    del first  # its tensors map the file about to be damaged
+def test_a_damaged_entry_is_detected_and_rebuilt_from_the_checkpoint(cache_dir, converted, caplog, damage):
+    root, reference = converted
+    shutil.copytree(root / "weights", cache_dir / "weights")  # a copy of the converted entry to damage
     entry = entry_dir(cache_dir)
     weights = entry / WEIGHTS
     if damage == "flip":  # one byte inside the tensor data: a load would change a weight
@@ -65,7 +84,7 @@ def test_a_damaged_entry_is_detected_and_rebuilt_from_the_checkpoint(cache_dir, 
     assert any("rebuilding it from the checkpoint" in r.message for r in caplog.records)
     for k, v in again.model.state_dict().items():
         assert torch.equal(v, reference[k]), k
-    assert again.tokenizer.encode("Paris") == load_model(None, "bfloat16").tokenizer.encode("Paris")
+    assert again.tokenizer.encode("Paris") == reference["tokenizer"].encode("Paris")
     assert entry_dir(cache_dir) == entry  # rebuilt in place, under the same key
 
 

@@ -79,20 +79,20 @@ def test_accepted_runs_rejections_preemption_and_stops_stay_exact(tiny_model):
 def test_verify_graphs_compile_load_from_a_shipped_cache_and_pad_without_writing(tiny_model):
     path = tiny_model("qwen3")
     prompts = REPETITIVE + random_prompts([6], seed=72)
-    opts = dict(max_num_seqs=4, max_num_batched_tokens=32, kv_cache_memory=4_000_000, progress=False)
-    sizes = CaptureSizes((1, 2, 4), (32,))
+    opts = dict(max_num_seqs=2, max_num_batched_tokens=32, kv_cache_memory=4_000_000, progress=False)
+    sizes = CaptureSizes((2,), (32,))  # a one-row step pads into the two-row graphs
     cache = tempfile.mkdtemp()
     built = drafting_always(
         graphrt.LLM(path, graph_cache=cache, capture_sizes=sizes, speculative_config=ngram(3), **opts)
     )
     names = [r.key.name for r in built.capture_report()]
-    assert {"verify-t16-r4", "verify-t8-r2", "verify-t4-r1"} <= set(names) and built.stats()["compiles"] == 7
+    assert sorted(names) == ["main-t2-r2", "main-t32-r2", "verify-t8-r2"] and built.stats()["compiles"] == 3
     want = [o.token_ids for o in make_llm(path, **opts).generate(prompts, GREEDY)]
     assert [o.token_ids for o in built.generate(prompts, GREEDY)] == want
     s = built.stats()
     assert s["graph_misses"] == 0 and s["spec_draft_tokens"] > 0 and s["free_blocks"] == s["total_blocks"]
     loaded = drafting_always(graphrt.LLM(path, graph_cache=cache, speculative_config=ngram(3), progress=False))
-    assert loaded.stats()["compiles"] == 0 and [r.how for r in loaded.capture_report()] == ["loaded"] * 7
+    assert loaded.stats()["compiles"] == 0 and [r.how for r in loaded.capture_report()] == ["loaded"] * 3
     assert [o.token_ids for o in loaded.generate(prompts, GREEDY)] == want
     # one verify row in the two-row graph: the padding row and padding tokens write nothing
     engine = loaded.engine
@@ -104,7 +104,7 @@ def test_verify_graphs_compile_load_from_a_shipped_cache_and_pad_without_writing
     engine.proposer.proposer = Oracle([], 256)  # no drafts from it: use fixed ones
     req_drafts = [7, 8]
     engine.proposer.propose_for = lambda running, tracked, n: setattr(req, "draft_token_ids", list(req_drafts))
-    engine.step()  # one verify step: 1 + 2 tokens in verify-t4-r1
+    engine.step()  # one verify step: 1 + 2 tokens of one row in verify-t8-r2
     bs = engine.block_size
     real = {(engine.blocks.block_table(rid)[p // bs], p % bs) for p in range(computed, computed + 3)}
     for (k0, v0), (k1, v1) in zip(before, engine.kv_caches):
@@ -177,7 +177,7 @@ def test_smollm2_greedy_with_ngram_drafts_is_plain_greedy():
 
     opts = dict(max_num_seqs=2, max_num_batched_tokens=512, kv_cache_memory=200_000_000)
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
-    prompts = [repetitive_prompt(40), "What is the capital of France? Answer in one sentence."]
+    prompts = [repetitive_prompt(12), "What is the capital of France? Answer in one sentence."]
     plain = make_llm(None, **opts)
     want = [plain.generate([prompts[0]], params)[0].token_ids, plain.generate([prompts[1]], params, chat=True)[0]]
     spec = drafting_always(make_llm(None, speculative_config=ngram(5), **opts))

@@ -1,4 +1,4 @@
-"""``graphrt bench decode | kernels | startup | roofline | grammar | spec``."""
+"""``graphrt bench decode | kernels | startup | roofline | grammar | spec | serve``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def _sizes(text: str) -> list[int]:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="benchmarks: decode, kernels, startup, roofline, grammar, spec")
+    p = sub.add_parser("bench", help="benchmarks: decode, kernels, startup, roofline, grammar, spec, serve")
     kinds = p.add_subparsers(dest="bench", required=True)
     for name, help_ in (
         ("decode", "decode tokens/s against transformers"),
@@ -21,6 +21,7 @@ def add_parser(sub) -> None:
         ("roofline", "bandwidth and the fraction of it decode reaches"),
         ("grammar", "constrained vs unconstrained step time"),
         ("spec", "plain decoding against n-gram (or MTP) speculative decoding, side by side"),
+        ("serve", "graphrt serve under concurrent streaming clients against offline LLM.generate"),
     ):
         k = kinds.add_parser(name, help=help_)
         k.add_argument("--json", default=None, help="write the results as JSON here")
@@ -57,6 +58,13 @@ def add_parser(sub) -> None:
             k.add_argument(
                 "--layers", type=int, default=8, help="mtp without --model: layers of the random DeepSeek-V3"
             )
+        if name == "serve":
+            k.add_argument("--requests", type=int, default=64, help="requests in all")
+            k.add_argument("--concurrency", type=int, default=16, help="clients streaming at once")
+            k.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
+            k.add_argument("--max-num-seqs", type=int, default=16)
+            k.add_argument("--time-limit", type=float, default=600, help="seconds the load may take at most")
+            k.add_argument("--port", type=int, default=8123)
         if name == "grammar":
             k.add_argument("--batch", type=int, default=4)
             k.add_argument("--no-compile", action="store_true")
@@ -99,6 +107,21 @@ def run(args: argparse.Namespace) -> int:
             from graphrt.bench.spec import bench_spec
 
             result = bench_spec(args.model, args.dtype, args.batch_sizes, args.ks or [3, 5], args.gen_len)
+    elif args.bench == "serve":
+        from graphrt.bench.serve import bench_serve
+
+        print_facts(machine_facts(args.dtype))
+        result = bench_serve(
+            args.model,
+            args.dtype,
+            args.graph_cache,
+            args.requests,
+            args.concurrency,
+            args.max_tokens,
+            args.max_num_seqs,
+            args.time_limit,
+            args.port,
+        )
     elif args.bench == "startup":
         from graphrt.bench.startup import bench_startup
 

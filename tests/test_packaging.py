@@ -63,6 +63,14 @@ def test_source_hash_covers_kernels_and_passes(tmp_path, monkeypatch):
         path = dirs["graphrt.kernels"] / "attention.py"
         path.write_text(path.read_text() + "\n# edited\n")
         version.source_hash.cache_clear()
-        assert version.source_hash() not in (before, edited_pass)
+        edited_kernel = version.source_hash()
+        assert edited_kernel not in (before, edited_pass)
+        # the engine and the runtime below it are covered; the server, CLI and benchmarks are not
+        for rel, changes in (("engine.py", True), ("server/app.py", False), ("cli/serve.py", False)):
+            path = dirs["graphrt"] / rel
+            path.write_text(path.read_text() + "\n# edited\n")
+            version.source_hash.cache_clear()
+            assert (version.source_hash() != edited_kernel) == changes, rel
+            edited_kernel = version.source_hash()
     finally:
         version.source_hash.cache_clear()

@@ -130,10 +130,6 @@ class EngineLoop:
         ids = [s.request_id for s in submission.streams]
         self._post(lambda: [self.engine.abort(rid) for rid in ids if rid in self._active])
 
-    async def call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the engine thread between steps and return its result."""
-        return await self._call(fn)
-
     async def stop(self, timeout: float = 5.0) -> None:
         """Abort what still runs and end the thread."""
         with self._lock:

@@ -2,7 +2,9 @@
 clients that leave mid-stream."""
 
 import json
+import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -69,11 +71,20 @@ def test_clients_that_leave_mid_stream_free_their_blocks(server):
                 if n >= 6:
                     return  # closes the connection
 
+    def leave_while_waiting():  # a whole (non-streamed) response: the connection just closes
+        raw = json.dumps({**body, "stream": False}).encode()
+        head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head += f"Authorization: {auth()['Authorization']}\r\nContent-Length: {len(raw)}\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(head.encode() + raw)
+            time.sleep(0.5)
+
     threads = [threading.Thread(target=leave_early) for _ in range(4)]
+    threads.append(threading.Thread(target=leave_while_waiting))
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     m = server.wait_idle()
     assert m["graphrt_kv_blocks_used"] == 0 and m["graphrt_requests_running"] == 0
-    assert m['graphrt_requests_finished_total{finish_reason="abort"}'] - before == 4
+    assert m['graphrt_requests_finished_total{finish_reason="abort"}'] - before == 5

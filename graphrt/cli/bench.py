@@ -65,6 +65,7 @@ def add_parser(sub) -> None:
             k.add_argument("--max-num-seqs", type=int, default=16)
             k.add_argument("--time-limit", type=float, default=600, help="seconds the load may take at most")
             k.add_argument("--port", type=int, default=8123)
+            k.add_argument("--rounds", type=int, default=3, help="offline and served passes, alternated")
         if name == "grammar":
             k.add_argument("--batch", type=int, default=4)
             k.add_argument("--no-compile", action="store_true")
@@ -121,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
             args.max_num_seqs,
             args.time_limit,
             args.port,
+            args.rounds,
         )
     elif args.bench == "startup":
         from graphrt.bench.startup import bench_startup

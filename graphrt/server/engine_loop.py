@@ -223,9 +223,11 @@ class EngineLoop:
         return submission
 
     def _publish(self) -> None:
-        """Hand each active request what it gained since it was last published."""
+        """Hand each active request what it gained since it was last published: one wake-up of
+        each event loop per step, however many requests it serves."""
         engine = self.engine
         now = time.perf_counter()
+        batches: dict[asyncio.AbstractEventLoop, list] = {}
         for rid in list(self._active):
             active = self._active[rid]
             out = engine.output(rid)
@@ -240,12 +242,14 @@ class EngineLoop:
                 self.metrics.observe_tokens(active.arrival, active.last_token_time, now, new)
             if new:
                 active.last_token_time = now
-            active.loop.call_soon_threadsafe(active.queue.put_nowait, (active.stream.index, delta))
+            batches.setdefault(active.loop, []).append((active.queue, (active.stream.index, delta)))
             if out.finished:
                 if self.metrics is not None:
                     self.metrics.finished(out.finish_reason)
                 engine.release(rid)
                 del self._active[rid]
+        for loop, items in batches.items():
+            loop.call_soon_threadsafe(_deliver, items)
 
     def _fail_unfinished_if_broken(self, error: Exception) -> None:
         """EngineStepError already ended the step's requests; any other exception leaves the
@@ -281,3 +285,8 @@ class EngineLoop:
             future.set_exception(error)
         else:
             future.set_result(result)
+
+
+def _deliver(items: list) -> None:
+    for queue_, item in items:
+        queue_.put_nowait(item)

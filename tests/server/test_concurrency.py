@@ -43,13 +43,17 @@ def test_32_streaming_clients_each_get_their_single_request_output(server, refer
 
 
 def test_a_burst_beyond_max_queued_gets_429_while_admitted_requests_finish(server):
-    body = {"prompt": [5, 6, 7, 8], "max_tokens": 8, "ignore_eos": True, "temperature": 0, "model": "tiny"}
+    # 64 requests at once against 8 running + 32 waiting: each runs long enough (32 tokens) that
+    # the queue cannot drain while the burst arrives
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 32, "ignore_eos": True, "temperature": 0, "model": "tiny"}
+    start = threading.Barrier(64)
+
+    def post(_):
+        start.wait()
+        return httpx.post(f"{server.url}/v1/completions", json=body, headers=auth(), timeout=120)
+
     with ThreadPoolExecutor(64) as pool:
-        responses = list(
-            pool.map(
-                lambda _: httpx.post(f"{server.url}/v1/completions", json=body, headers=auth(), timeout=120), range(64)
-            )
-        )
+        responses = list(pool.map(post, range(64)))
     refused = [r for r in responses if r.status_code == 429]
     served = [r for r in responses if r.status_code == 200]
     assert refused and served and len(refused) + len(served) == 64
@@ -57,7 +61,7 @@ def test_a_burst_beyond_max_queued_gets_429_while_admitted_requests_finish(serve
     assert refused[0].json()["error"]["type"] == "rate_limit_error"
     for r in served:
         choice = r.json()["choices"][0]
-        assert choice["finish_reason"] == "length" and r.json()["usage"]["completion_tokens"] == 8
+        assert choice["finish_reason"] == "length" and r.json()["usage"]["completion_tokens"] == 32
     assert server.wait_idle()["graphrt_kv_blocks_used"] == 0
 
 

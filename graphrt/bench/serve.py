@@ -142,6 +142,16 @@ async def _load(url: str, prompts, max_tokens: int, concurrency: int, time_limit
     }
 
 
+def _scrape(url: str) -> dict[str, float]:
+    """The server's unlabelled Prometheus samples."""
+    out = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
 def _offline(llm, prompts, max_tokens: int) -> float:
     from graphrt.sampling_params import SamplingParams
 
@@ -180,6 +190,7 @@ def bench_serve(
         for _ in range(rounds):
             offline_runs.append(_offline(llm, prompts, max_tokens))
             served_runs.append(asyncio.run(_load(url, prompts, max_tokens, concurrency, time_limit)))
+        server_metrics = _scrape(url)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -195,6 +206,8 @@ def bench_serve(
         "offline_runs": offline_runs,
         "server": served,
         "server_runs": [r["output_tokens_per_s"] for r in served_runs],
+        "server_graph_hits": server_metrics.get("graphrt_graph_hits_total"),
+        "server_graph_misses": server_metrics.get("graphrt_graph_misses_total"),
         "server_over_offline": served["output_tokens_per_s"] / offline,
     }
     s = served
@@ -207,6 +220,10 @@ def bench_serve(
         f"  graphrt serve        : {s['output_tokens_per_s']:7.1f} output tokens/s, "
         f"{s['requests_per_s']:.2f} requests/s  ({result['server_over_offline']:.1%} of offline; "
         f"{s['requests']} requests done; the median of {', '.join(f'{x:.1f}' for x in result['server_runs'])})"
+    )
+    print(
+        f"  server steps         : {result['server_graph_hits']:.0f} replayed by graphs, "
+        f"{result['server_graph_misses']:.0f} misses (run eagerly)"
     )
     print(f"  time to first token  : p50 {s['ttft_p50_ms']:.0f} ms, p99 {s['ttft_p99_ms']:.0f} ms")
     print(f"  inter-token latency  : p50 {s['itl_p50_ms']:.1f} ms, p99 {s['itl_p99_ms']:.1f} ms")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 
 import numpy as np
@@ -11,6 +13,9 @@ from graphrt.loader.weights import CheckpointError, TensorSource
 from graphrt.models.config import ModelConfig, RopeConfig, UnsupportedModelError
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
+FLOAT_TYPES = ("F32", "F16", "BF16")  # read as they are; every other type is dequantised at load
+
+log = logging.getLogger("graphrt.loader")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -52,7 +57,9 @@ class GGUFCheckpoint:
         if not os.path.exists(path):
             raise CheckpointError(f"GGUF file {path} does not exist")
         try:
-            self.reader = gguf.GGUFReader(path)
+            self.reader = _checked_reader()(path)
+        except CheckpointError:
+            raise
         except Exception as e:
             raise CheckpointError(f"cannot read GGUF file {path}: {e}") from e
         self.path = path
@@ -108,10 +115,25 @@ class GGUFCheckpoint:
             if name is not None:
                 by_name[name] = t
 
+        quantized: dict[str, int] = {}
+        for t in by_name.values():
+            if t.tensor_type.name not in FLOAT_TYPES:
+                quantized[t.tensor_type.name] = quantized.get(t.tensor_type.name, 0) + 1
+        if quantized:
+            kinds = ", ".join(f"{k} ({n} tensors)" for k, n in sorted(quantized.items()))
+            log.warning("%s: GGUF tensors of type %s are dequantised to float at load", self.path, kinds)
+
         def read(name: str) -> torch.Tensor:
             t = by_name[name]
             shape = tuple(int(s) for s in reversed(t.shape))
-            data = np.asarray(self._dequantize(t.data, t.tensor_type), dtype=np.float32)
+            try:
+                data = np.asarray(self._dequantize(t.data, t.tensor_type), dtype=np.float32)
+            except NotImplementedError:
+                raise CheckpointError(
+                    f"{self.path}: tensor {t.name} has GGML type {t.tensor_type.name}, which graphrt cannot read "
+                    f"(readable: the float types {FLOAT_TYPES} and the quantized types the gguf package "
+                    f"dequantises)"
+                ) from None
             w = torch.from_numpy(data.reshape(shape).copy())
             if name.endswith("q_proj.weight"):
                 w = unpermute_rows(w, cfg.num_heads)
@@ -120,3 +142,52 @@ class GGUFCheckpoint:
             return w
 
         return TensorSource(by_name, read, lambda name: self.path)
+
+
+@functools.cache
+def _checked_reader():
+    """gguf's reader, checking each tensor's entry before it maps the tensor's bytes: an unknown
+    type, a row that is no whole number of its type's blocks, or fewer bytes in the file than the
+    type and shape need is refused with the tensor's name, type and expected byte count (gguf's
+    own reader fails on these with a bare numpy error, or not at all)."""
+    import gguf
+
+    class CheckedReader(gguf.GGUFReader):
+        def _build_tensors(self, start_offs, fields) -> None:
+            path = getattr(self.data, "filename", None) or "GGUF file"
+            spans = []
+            for field in fields:
+                _, name_data, _, dims, raw_dtype, offset = field.parts
+                name = bytes(name_data).decode("utf-8", "replace")
+                try:
+                    kind = gguf.GGMLQuantizationType(int(raw_dtype[0]))
+                except ValueError:
+                    raise CheckpointError(
+                        f"{path}: tensor {name} has unknown GGML type code {int(raw_dtype[0])}"
+                    ) from None
+                block, type_size = gguf.GGML_QUANT_SIZES[kind]
+                row = int(dims[0]) if len(dims) else 1
+                if row % block:
+                    raise CheckpointError(
+                        f"{path}: tensor {name} ({kind.name}, shape {list(reversed(dims.tolist()))}) has rows of "
+                        f"{row} values, not a whole number of its {block}-value blocks"
+                    )
+                expected = int(np.prod(dims)) * type_size // block
+                start = int(start_offs + offset[0])
+                held = max(0, len(self.data) - start)
+                if held < expected:
+                    raise CheckpointError(
+                        f"{path}: tensor {name} ({kind.name}, shape {list(reversed(dims.tolist()))}) needs "
+                        f"{expected} bytes of data; the file holds {held} from its offset {start}"
+                    )
+                spans.append((start, expected, name, kind.name))
+            spans.sort()
+            for (start, expected, name, kind), (next_start, _, next_name, _) in zip(spans, spans[1:]):
+                if start + expected > next_start:
+                    raise CheckpointError(
+                        f"{path}: tensor {name} ({kind}) needs {expected} bytes of data, but tensor {next_name} "
+                        f"begins {next_start - start} bytes after it"
+                    )
+            super()._build_tensors(start_offs, fields)
+
+    return CheckedReader

@@ -24,6 +24,7 @@ from graphrt.runner.graph_cache import CaptureSizes
 from graphrt.runner.kv_cache import (
     CacheConfig,
 )
+from graphrt.runner.prompt_logprobs import prompt_logprobs
 from graphrt.sampling_params import InvalidRequestError, SamplingParams
 from graphrt.spec.config import SpeculativeConfig
 from graphrt.spec.mtp import run_mtp
@@ -65,6 +66,7 @@ class _Tracked:
     output: RequestOutput
     grammar: RequestGrammar | None = None
     no_token_allowed: bool = False
+    prompt_logprobs: list | None = None  # per prompt position, filled as the prefill computes it
 
 
 class LLMEngine(EngineStartup):
@@ -135,7 +137,10 @@ class LLMEngine(EngineStartup):
         seed = params.seed if params.seed is not None else self._rng.randrange(1 << 62)
         req = Request(rid, ids, params, seed, self.loaded.eos_token_ids)
         stops = params.stop
-        self._tracked[rid] = _Tracked(req, Detokenizer(self.tokenizer, stops), RequestOutput(rid, list(ids)), grammar)
+        tracked = _Tracked(req, Detokenizer(self.tokenizer, stops), RequestOutput(rid, list(ids)), grammar)
+        if params.prompt_logprobs is not None:
+            tracked.prompt_logprobs = [None] * len(ids)
+        self._tracked[rid] = tracked
         self.scheduler.add_request(req)
         return rid
 
@@ -225,6 +230,7 @@ class LLMEngine(EngineStartup):
             for tracked in failed:
                 self._finish(tracked, "error")
             raise EngineStepError(f"step failed, {len(failed)} request(s) ended with 'error': {e}") from e
+        self._record_prompt_logprobs(out, result)
         changed = []
         for req in self.scheduler.after_step(out, result.num_rejected):
             tracked = self._tracked[req.request_id]
@@ -240,6 +246,29 @@ class LLMEngine(EngineStartup):
         if self.mtp_module is not None:
             run_mtp(self, out, result)
         return changed
+
+    def _record_prompt_logprobs(self, out, result) -> None:
+        """For requests that asked: the log-probabilities of the prompt tokens this step's
+        hidden states predict (the state at position p predicts the token at p + 1)."""
+        if result.hidden is None:
+            return
+        for r, rid in enumerate(result.req_ids):
+            tracked = self._tracked.get(rid)
+            if tracked is None or tracked.prompt_logprobs is None:
+                continue
+            req = tracked.request
+            start, prompt = req.num_computed_tokens, req.prompt_token_ids
+            end = min(start + out.num_scheduled_tokens[rid], len(prompt) - 1)
+            todo = [p for p in range(start, end) if tracked.prompt_logprobs[p + 1] is None]
+            if not todo:
+                continue  # a decode row, or a recomputation after preemption
+            first = int(result.query_start_loc[r]) + todo[0] - start
+            hidden = result.hidden[first : first + len(todo)]
+            entries = prompt_logprobs(
+                self.loaded.model, hidden, [prompt[p + 1] for p in todo], req.params.prompt_logprobs
+            )
+            for p, entry in zip(todo, entries):
+                tracked.prompt_logprobs[p + 1] = entry
 
     def _append(self, tracked: _Tracked, token: int, logprob: float) -> bool:
         """One sampled token through the grammar and the stop checks, in order; False once the
@@ -268,6 +297,8 @@ class LLMEngine(EngineStartup):
         o.text = tracked.detok.text
         if req.params.logprobs:
             o.logprobs = list(req.output_logprobs)
+        if tracked.prompt_logprobs is not None:
+            o.prompt_logprobs = list(tracked.prompt_logprobs)
 
     def _finish(self, tracked: _Tracked, reason: str) -> None:
         self.scheduler.finish(tracked.request, reason)

@@ -131,12 +131,14 @@ class EngineStartup:
         mtp = self.spec is not None and self.spec.method == "mtp"
         if mtp:
             check_mtp(self.loaded.model)
-        self.step_module = StepModule(self.loaded.model, self.block_size, c.grammar_backend, return_hidden=mtp)
+        # Every step graph returns its tokens' final hidden states: MTP drafts from them, and a
+        # request's prompt log-probabilities are computed from them (runner/prompt_logprobs.py).
+        self.step_module = StepModule(self.loaded.model, self.block_size, c.grammar_backend, return_hidden=True)
         self.verify_module, self.mtp_module, self.proposer, self.spec_stats = None, None, None, SpecStats()
         if self.spec is not None:
             self.spec.check_budget(self.sched_config.max_num_batched_tokens)
             self.verify_module = VerifyStepModule(
-                self.loaded.model, self.block_size, self.spec.num_speculative_tokens, c.grammar_backend, mtp, mtp
+                self.loaded.model, self.block_size, self.spec.num_speculative_tokens, c.grammar_backend, True, mtp
             )
             if mtp:
                 self.mtp_module = MTPStepModule(self.loaded.model, self.block_size, self.spec.num_speculative_tokens)

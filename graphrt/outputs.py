@@ -13,6 +13,9 @@ class RequestOutput:
     text: str = ""
     finish_reason: str | None = None  # "stop", "length", "abort", "error", "grammar"
     logprobs: list[float] | None = None
+    # with SamplingParams(prompt_logprobs=k): per prompt token, {token id: log-probability} holding
+    # that token and the k most likely ones at its position; None for the first token
+    prompt_logprobs: list[dict[int, float] | None] | None = None
     num_draft_tokens: int = 0  # speculative decoding: drafts scored for this request
     num_accepted_tokens: int = 0  # ... and accepted
 

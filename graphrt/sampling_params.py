@@ -23,6 +23,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    prompt_logprobs: int | None = None  # each prompt token's log-probability (+ the top k), as vLLM
     # structured output (at most one)
     json_schema: Any = None
     json_object: bool = False
@@ -59,6 +60,10 @@ class SamplingParams:
             raise bad("min_p", "it must lie in [0, 1]")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise bad("seed", "it must be a non-negative integer or None")
+        if self.prompt_logprobs is not None and (
+            not isinstance(self.prompt_logprobs, int) or not 0 <= self.prompt_logprobs <= 20
+        ):
+            raise bad("prompt_logprobs", "it must be None or an integer in [0, 20] (the top alternatives kept)")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "each stop string must be a non-empty string")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):

@@ -89,13 +89,14 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def match_prefix(self, request_id: str, token_ids: list[int]) -> int:
-        """On a request's first scheduling: take the cached blocks of its longest cached prefix.
-        Returns the number of tokens they hold (never the last token: it must be computed)."""
+    def match_prefix(self, request_id: str, token_ids: list[int], reuse: bool = True) -> int:
+        """On a request's first scheduling: take the cached blocks of its longest cached prefix
+        (none when not ``reuse``). Returns the number of tokens they hold (never the last token:
+        it must be computed)."""
         assert request_id not in self.tables
         self.tables[request_id] = []
         self._hashes[request_id] = []
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not reuse:
             return 0
         bs = self.block_size
         parent = None

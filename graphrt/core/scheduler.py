@@ -140,8 +140,9 @@ class Scheduler:
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             fresh = req.request_id not in self.blocks.tables
-            if fresh:
-                req.num_computed_tokens = self.blocks.match_prefix(req.request_id, req.all_token_ids)
+            if fresh:  # prompt log-probabilities need every prompt position computed: no cached prefix
+                reuse = req.params.prompt_logprobs is None
+                req.num_computed_tokens = self.blocks.match_prefix(req.request_id, req.all_token_ids, reuse)
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             if self.blocks.allocate(req.request_id, req.num_computed_tokens + num_new) is None:
                 if fresh and not self.running:

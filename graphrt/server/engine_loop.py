@@ -41,6 +41,7 @@ class Delta:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str | None  # the engine's: stop, length, grammar, abort, error
+    prompt_logprobs: list | None = None  # on a request's first delta, when it asked for them
 
 
 @dataclass
@@ -236,7 +237,14 @@ class EngineLoop:
             if not (new or text or out.finished):
                 continue
             logprobs = tuple(out.logprobs[active.sent_tokens :]) if out.logprobs else ()
-            delta = Delta(text, tuple(out.token_ids[active.sent_tokens :]), logprobs, out.finish_reason)
+            first = active.sent_tokens == 0 and active.last_token_time is None
+            delta = Delta(
+                text,
+                tuple(out.token_ids[active.sent_tokens :]),
+                logprobs,
+                out.finish_reason,
+                out.prompt_logprobs if first else None,
+            )
             active.sent_tokens = len(out.token_ids)
             if self.metrics is not None and new:
                 self.metrics.observe_tokens(active.arrival, active.last_token_time, now, new)

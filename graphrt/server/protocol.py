@@ -97,6 +97,8 @@ class _Sampling(_Body):
             values["stop_token_ids"] = tuple(self.stop_token_ids)
         if self._wants_logprobs():
             values["logprobs"] = True
+            if getattr(self, "echo", False):
+                values["prompt_logprobs"] = 0  # the echoed prompt's tokens carry theirs
         values.update(self._constraint())
         return [{**values, "seed": None if self.seed is None else self.seed + i} for i in range(self.n)]
 
@@ -153,8 +155,8 @@ class CompletionRequest(_Sampling):
                 f"logprobs={self.logprobs} is not supported: graphrt returns the sampled tokens' "
                 "log-probabilities only (logprobs=0), not the top alternatives",
             )
-        if self.echo and self.logprobs is not None:
-            raise BadField("echo", "echo with logprobs needs prompt log-probabilities, which graphrt does not return")
+        if self.echo and self.logprobs is not None and self.stream:
+            raise BadField("echo", "echo with logprobs is served without streaming only (stream: false)")
         if self.best_of not in (None, self.n):
             raise BadField("best_of", f"best_of={self.best_of} is not supported: leave it unset or equal to n")
         if self.suffix:

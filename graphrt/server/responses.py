@@ -17,6 +17,7 @@ class Choices:
         self.tokens: list[list[int]] = [[] for _ in range(n)]
         self.logprobs: list[list[float]] = [[] for _ in range(n)]
         self.finish: list[str | None] = [None] * n
+        self.prompt_logprobs: list[list | None] = [None] * n
         self.error = False
 
     async def collect(self) -> None:
@@ -26,6 +27,15 @@ class Choices:
             self.logprobs[index].extend(delta.logprobs)
             self.finish[index] = delta.finish_reason
             self.error |= delta.finish_reason == "error"
+            if delta.prompt_logprobs is not None:
+                self.prompt_logprobs[index] = delta.prompt_logprobs
+
+    def _prompt_entries(self, i: int) -> list[tuple[str, float | None]]:
+        """The echoed prompt's tokens and their log-probabilities (None for the first)."""
+        ids = self.submission.streams[i].prompt_token_ids
+        given = self.prompt_logprobs[i] or [None] * len(ids)
+        decode = self.engine.tokenizer.decode
+        return [(decode([t]), None if e is None else e[t]) for t, e in zip(ids, given)]
 
     def token_counts(self) -> list[int]:
         return [len(t) for t in self.tokens]
@@ -44,6 +54,8 @@ class Choices:
                 )
             else:
                 text = (self.echo[i] if self.echo else "") + self.text[i]
+                if entries is not None and self.echo:
+                    entries = self._prompt_entries(i) + entries
                 out.append(
                     {"index": i, "text": text, "logprobs": completion_logprobs(entries), "finish_reason": finish}
                 )

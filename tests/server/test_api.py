@@ -133,6 +133,17 @@ def test_logprobs_are_the_engines(client, reference):
     assert all(c.top_logprobs == [] and bytes(c.bytes).decode() == c.token for c in content)
 
 
+def test_echo_with_logprobs_returns_the_prompts_log_probabilities(client, reference):
+    ids = reference.tokenizer.encode("The capital of France")
+    want = reference.generate([ids], SamplingParams(max_tokens=4, temperature=0, logprobs=True, prompt_logprobs=0))[0]
+    got = client.completions.create(model="tiny", prompt=ids, max_tokens=4, temperature=0, echo=True, logprobs=0)
+    lp = got.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 4 and lp.token_logprobs[0] is None
+    prompt_want = [e[t] for t, e in zip(ids[1:], want.prompt_logprobs[1:])]
+    assert lp.token_logprobs[1 : len(ids)] == pytest.approx(prompt_want, abs=1e-5)
+    assert lp.token_logprobs[len(ids) :] == pytest.approx(want.logprobs, abs=1e-5)
+
+
 def test_echo_stop_and_models(client, reference):
     got = client.completions.create(model="tiny", prompt="Echo this", max_tokens=5, temperature=0, echo=True)
     want = reference.generate(["Echo this"], SamplingParams(max_tokens=5, temperature=0))[0]

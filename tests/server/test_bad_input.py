@@ -26,6 +26,7 @@ BAD = [
     ("completions", {"prompt": "Hi", "regex": "(a"}, 400, "regex", "invalid regex"),
     ("completions", {"prompt": "Hi", "regex": "a", "choice": ["x"]}, 400, "regex", "at most one"),
     ("completions", {"prompt": "Hi", "logprobs": 3}, 400, "logprobs", "not supported"),
+    ("completions", {"prompt": "Hi", "echo": True, "logprobs": 0, "stream": True}, 400, "echo", "stream: false"),
     ("completions", {"prompt": "Hi", "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
     ("completions", {"prompt": "Hi", "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
     ("completions", {"prompt": "Hi", "stop": [""]}, 400, "stop", "non-empty"),

@@ -1,0 +1,75 @@
+"""Prompt log-probabilities (vLLM's ``prompt_logprobs``): every prompt token's log-probability
+given the tokens before it, and the k most likely tokens there, equal to transformers' — through
+chunked prefill, beside a cached prefix, in a batch with other requests, and in compiled graphs."""
+
+import pytest
+import torch
+
+from graphrt import SamplingParams
+from graphrt.runner.graph_cache import CaptureSizes
+from graphrt.sampling_params import InvalidRequestError
+from tests.helpers import make_llm
+from tests.oracle import hf_model, random_prompts
+
+
+def hf_prompt_logprobs(path, prompt):
+    with torch.no_grad():
+        logits = hf_model(path)(torch.tensor([prompt])).logits[0].float()
+    return torch.log_softmax(logits, dim=-1)  # row p: the distribution of the token at p + 1
+
+
+def check(path, prompt, got, k):
+    want = hf_prompt_logprobs(path, prompt)
+    assert len(got) == len(prompt) and got[0] is None
+    for p in range(1, len(prompt)):
+        entry = got[p]
+        assert entry[prompt[p]] == pytest.approx(want[p - 1, prompt[p]].item(), abs=1e-4)
+        top = want[p - 1].topk(k)
+        assert set(top.indices.tolist()) <= set(entry) and len(entry) in (k, k + 1)
+        for token, value in zip(top.indices.tolist(), top.values.tolist()):
+            assert entry[token] == pytest.approx(value, abs=1e-4)
+
+
+def test_prompt_logprobs_match_transformers_through_chunks_caches_and_batches(tiny_model):
+    path = tiny_model("llama_gqa")
+    llm = make_llm(path, max_num_batched_tokens=16, max_model_len=128, kv_cache_memory=2_000_000)
+    long, short, other = random_prompts([45, 7, 20], seed=81)
+    params = SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=3)
+    plain = SamplingParams(max_tokens=3, temperature=0)
+    outs = llm.generate([long, other, short], [params, plain, SamplingParams(max_tokens=3, prompt_logprobs=0)])
+    check(path, long, outs[0].prompt_logprobs, 3)  # 45 tokens in 16-token chunks, beside another row
+    assert outs[1].prompt_logprobs is None
+    assert all(len(e) == 1 for e in outs[2].prompt_logprobs[1:])
+    check(path, short, outs[2].prompt_logprobs, 0)
+    # the same prompt again: its blocks are cached, yet every position is computed and returned
+    hits = llm.stats()["prefix_cache_hits"]
+    again = llm.generate([long], params)[0]
+    assert again.prompt_logprobs == outs[0].prompt_logprobs and again.token_ids == outs[0].token_ids
+    assert llm.stats()["prefix_cache_hits"] == hits
+    assert llm.generate([long], plain)[0].token_ids == outs[0].token_ids  # a plain request still hits
+    assert llm.stats()["prefix_cache_hits"] > hits
+
+
+def test_prompt_logprobs_in_compiled_graphs(tiny_model):
+    path = tiny_model("qwen3")
+    sizes = CaptureSizes(decode=(2,), mixed=(32,))
+    llm = make_llm(
+        path,
+        compile=True,
+        max_num_seqs=2,
+        max_num_batched_tokens=32,
+        capture_sizes=sizes,
+        kv_cache_memory=2_000_000,
+        max_model_len=128,
+    )
+    prompts = random_prompts([40, 9], seed=82)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0, prompt_logprobs=2))
+    for prompt, out in zip(prompts, outs):
+        check(path, prompt, out.prompt_logprobs, 2)
+    assert llm.stats()["graph_misses"] == 0
+
+
+@pytest.mark.parametrize("value", [-1, 21, 1.5])
+def test_bad_prompt_logprobs(value):
+    with pytest.raises(InvalidRequestError, match=f"prompt_logprobs={value!r}"):
+        SamplingParams(prompt_logprobs=value)

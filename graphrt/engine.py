@@ -24,7 +24,7 @@ from graphrt.runner.graph_cache import CaptureSizes
 from graphrt.runner.kv_cache import (
     CacheConfig,
 )
-from graphrt.runner.prompt_logprobs import prompt_logprobs
+from graphrt.runner.token_logprobs import token_logprobs
 from graphrt.sampling_params import InvalidRequestError, SamplingParams
 from graphrt.spec.config import SpeculativeConfig
 from graphrt.spec.mtp import run_mtp
@@ -67,6 +67,7 @@ class _Tracked:
     grammar: RequestGrammar | None = None
     no_token_allowed: bool = False
     prompt_logprobs: list | None = None  # per prompt position, filled as the prefill computes it
+    top_logprobs: list | None = None  # per output token (logprobs=k, k > 0)
 
 
 class LLMEngine(EngineStartup):
@@ -140,6 +141,8 @@ class LLMEngine(EngineStartup):
         tracked = _Tracked(req, Detokenizer(self.tokenizer, stops), RequestOutput(rid, list(ids)), grammar)
         if params.prompt_logprobs is not None:
             tracked.prompt_logprobs = [None] * len(ids)
+        if params.num_top_logprobs:
+            tracked.top_logprobs = []
         self._tracked[rid] = tracked
         self.scheduler.add_request(req)
         return rid
@@ -231,6 +234,7 @@ class LLMEngine(EngineStartup):
                 self._finish(tracked, "error")
             raise EngineStepError(f"step failed, {len(failed)} request(s) ended with 'error': {e}") from e
         self._record_prompt_logprobs(out, result)
+        tops = self._sampled_top_logprobs(out, result)
         changed = []
         for req in self.scheduler.after_step(out, result.num_rejected):
             tracked = self._tracked[req.request_id]
@@ -239,8 +243,11 @@ class LLMEngine(EngineStartup):
             req.num_draft_tokens += drafted
             req.num_accepted_tokens += accepted
             self.spec_stats.record(drafted, accepted)
-            for token, logprob in zip(result.sampled[req.request_id], result.logprobs[req.request_id]):
-                if not self._append(tracked, token, logprob):
+            top = tops.get(req.request_id) or [None] * len(result.sampled[req.request_id])
+            for token, logprob, alternatives in zip(
+                result.sampled[req.request_id], result.logprobs[req.request_id], top
+            ):
+                if not self._append(tracked, token, logprob, alternatives):
                     break  # finished: the rest of an accepted run is dropped
             changed.append(tracked.output)
         if self.mtp_module is not None:
@@ -264,13 +271,34 @@ class LLMEngine(EngineStartup):
                 continue  # a decode row, or a recomputation after preemption
             first = int(result.query_start_loc[r]) + todo[0] - start
             hidden = result.hidden[first : first + len(todo)]
-            entries = prompt_logprobs(
+            entries = token_logprobs(
                 self.loaded.model, hidden, [prompt[p + 1] for p in todo], req.params.prompt_logprobs
             )
             for p, entry in zip(todo, entries):
                 tracked.prompt_logprobs[p + 1] = entry
 
-    def _append(self, tracked: _Tracked, token: int, logprob: float) -> bool:
+    def _sampled_top_logprobs(self, out, result) -> dict[str, list[dict[int, float]]]:
+        """For requests with logprobs=k: each sampled token's entry with the k likeliest tokens,
+        from the hidden state that predicted it (a drafted row's j-th token: its j-th position;
+        any other row's token: its last position)."""
+        tops: dict[str, list[dict[int, float]]] = {}
+        if result.hidden is None:
+            return tops
+        qsl = result.query_start_loc
+        for r, rid in enumerate(result.req_ids):
+            tracked = self._tracked.get(rid)
+            if tracked is None or tracked.top_logprobs is None or not result.sampled.get(rid):
+                continue
+            sampled = result.sampled[rid]
+            if out.draft_token_ids.get(rid):
+                rows = [int(qsl[r]) + j for j in range(len(sampled))]
+            else:
+                rows = [int(qsl[r + 1]) - 1]
+            k = tracked.request.params.num_top_logprobs
+            tops[rid] = token_logprobs(self.loaded.model, result.hidden[rows], sampled, k)
+        return tops
+
+    def _append(self, tracked: _Tracked, token: int, logprob: float, alternatives=None) -> bool:
         """One sampled token through the grammar and the stop checks, in order; False once the
         request has finished."""
         req = tracked.request
@@ -279,6 +307,8 @@ class LLMEngine(EngineStartup):
             return False
         req.output_token_ids.append(token)
         req.output_logprobs.append(logprob)
+        if tracked.top_logprobs is not None:
+            tracked.top_logprobs.append(alternatives)
         reason = token_stop_reason(req, token, self.max_model_len)
         if tracked.detok.update(req.output_token_ids) and reason is None:
             reason = "stop"
@@ -299,6 +329,8 @@ class LLMEngine(EngineStartup):
             o.logprobs = list(req.output_logprobs)
         if tracked.prompt_logprobs is not None:
             o.prompt_logprobs = list(tracked.prompt_logprobs)
+        if tracked.top_logprobs is not None:
+            o.top_logprobs = list(tracked.top_logprobs)
 
     def _finish(self, tracked: _Tracked, reason: str) -> None:
         self.scheduler.finish(tracked.request, reason)

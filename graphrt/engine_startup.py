@@ -132,7 +132,8 @@ class EngineStartup:
         if mtp:
             check_mtp(self.loaded.model)
         # Every step graph returns its tokens' final hidden states: MTP drafts from them, and a
-        # request's prompt log-probabilities are computed from them (runner/prompt_logprobs.py).
+        # request's prompt log-probabilities and its sampled tokens' alternatives (logprobs=k)
+        # are computed from them (runner/token_logprobs.py).
         self.step_module = StepModule(self.loaded.model, self.block_size, c.grammar_backend, return_hidden=True)
         self.verify_module, self.mtp_module, self.proposer, self.spec_stats = None, None, None, SpecStats()
         if self.spec is not None:

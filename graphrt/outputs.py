@@ -13,6 +13,9 @@ class RequestOutput:
     text: str = ""
     finish_reason: str | None = None  # "stop", "length", "abort", "error", "grammar"
     logprobs: list[float] | None = None
+    # with SamplingParams(logprobs=k), k > 0: per generated token, {token id: log-probability} of
+    # the sampled token and the k likeliest at its position (before temperature and filters)
+    top_logprobs: list[dict[int, float]] | None = None
     # with SamplingParams(prompt_logprobs=k): per prompt token, {token id: log-probability} holding
     # that token and the k most likely ones at its position; None for the first token
     prompt_logprobs: list[dict[int, float] | None] | None = None

@@ -22,7 +22,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    logprobs: bool = False
+    logprobs: bool | int = False  # True or k: each sampled token's log-probability (+ the k likeliest)
     prompt_logprobs: int | None = None  # each prompt token's log-probability (+ the top k), as vLLM
     # structured output (at most one)
     json_schema: Any = None
@@ -60,6 +60,13 @@ class SamplingParams:
             raise bad("min_p", "it must lie in [0, 1]")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise bad("seed", "it must be a non-negative integer or None")
+        if not isinstance(self.logprobs, (bool, int)) or self.logprobs is not True and not 0 <= self.logprobs <= 20:
+            raise bad("logprobs", "it must be a bool or an integer in [0, 20] (the top alternatives kept a token)")
+        if self.num_top_logprobs and self.has_constraint:
+            raise InvalidRequestError(
+                f"logprobs={self.logprobs} (top alternatives) cannot be combined with structured output: "
+                "ask for logprobs=True, or drop the constraint"
+            )
         if self.prompt_logprobs is not None and (
             not isinstance(self.prompt_logprobs, int) or not 0 <= self.prompt_logprobs <= 20
         ):
@@ -75,6 +82,11 @@ class SamplingParams:
             raise InvalidRequestError(f"at most one structured-output constraint per request, got {constraints}")
         if self.choice is not None and (not self.choice or any(not isinstance(c, str) or not c for c in self.choice)):
             raise bad("choice", "it must be a non-empty list of non-empty strings")
+
+    @property
+    def num_top_logprobs(self) -> int:
+        """k of ``logprobs=k``: the likeliest tokens returned beside each sampled one (0 for a bool)."""
+        return 0 if isinstance(self.logprobs, bool) else int(self.logprobs)
 
     @property
     def greedy(self) -> bool:

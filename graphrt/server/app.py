@@ -25,7 +25,7 @@ from graphrt.server.engine_loop import EngineLoop, EngineStoppedError, QueueFull
 from graphrt.server.guards import BearerAuth, BodyLimit, error_body
 from graphrt.server.metrics import ServerMetrics
 from graphrt.server.protocol import BadField, ChatCompletionRequest, CompletionRequest
-from graphrt.server.responses import Choices, chat_chunk, completion_chunk, usage
+from graphrt.server.responses import Choices, chat_chunk, completion_chunk, token_entries, usage
 
 _FINISH = {"stop": "stop", "grammar": "stop", "length": "length", "abort": "abort"}
 
@@ -145,9 +145,11 @@ def build_app(
         created = int(time.time())
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            events = _stream(loop, engine, submission, chat, rid, created, model_name, include_usage, echo)
+            events = _stream(
+                loop, engine, submission, chat, rid, created, model_name, include_usage, echo, body.alternatives()
+            )
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        choices = Choices(engine, submission, chat, echo)
+        choices = Choices(engine, submission, chat, echo, body.alternatives())
         collect = asyncio.ensure_future(choices.collect())
         gone = asyncio.ensure_future(_disconnected(request))
         await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -194,7 +196,7 @@ async def _disconnected(request: Request) -> None:
 def _param_of(message: str, chat: bool) -> str | None:
     """The request field an engine validation message is about."""
     head = message.split(": ", 1)[1] if message.startswith("prompt ") and ": " in message[:12] else message
-    for field in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids"):
+    for field in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "logprobs"):
         if head.startswith(f"{field}="):
             return field
     if "prompt" in head[:40] or "chat template" in head:
@@ -208,7 +210,7 @@ def _param_of(message: str, chat: bool) -> str | None:
 
 
 async def _stream(
-    loop: EngineLoop, engine, submission: Submission, chat, rid, created, model_name, include_usage, echo
+    loop: EngineLoop, engine, submission: Submission, chat, rid, created, model_name, include_usage, echo, k=0
 ) -> AsyncIterator[str]:
     """Server-sent events: one chunk per request per step, then usage (if asked) and [DONE]."""
     make = chat_chunk if chat else completion_chunk
@@ -227,7 +229,9 @@ async def _stream(
                 yield _event(error_body("the engine failed while serving this request", "server_error"))
                 finished += 1
                 continue
-            tokens = _token_entries(engine, delta, chat) if delta.logprobs else None
+            tokens = None
+            if delta.logprobs:
+                tokens = token_entries(engine.tokenizer, delta.token_ids, delta.logprobs, delta.top_logprobs, k)
             finish = _FINISH.get(delta.finish_reason) if delta.finish_reason else None
             yield _event(
                 make(
@@ -258,10 +262,6 @@ async def _stream(
     finally:
         if finished < len(submission.streams):  # the client went away mid-stream
             loop.abort(submission)
-
-
-def _token_entries(engine, delta, chat: bool) -> list[tuple[str, float]]:
-    return [(engine.tokenizer.decode([t]), lp) for t, lp in zip(delta.token_ids, delta.logprobs)]
 
 
 def _event(payload: dict[str, Any]) -> str:

@@ -42,6 +42,7 @@ class Delta:
     logprobs: tuple[float, ...]
     finish_reason: str | None  # the engine's: stop, length, grammar, abort, error
     prompt_logprobs: list | None = None  # on a request's first delta, when it asked for them
+    top_logprobs: tuple = ()  # per token, {token: logprob} of it and the likeliest (logprobs=k)
 
 
 @dataclass
@@ -244,6 +245,7 @@ class EngineLoop:
                 logprobs,
                 out.finish_reason,
                 out.prompt_logprobs if first else None,
+                tuple(out.top_logprobs[active.sent_tokens :]) if out.top_logprobs else (),
             )
             active.sent_tokens = len(out.token_ids)
             if self.metrics is not None and new:

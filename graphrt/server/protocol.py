@@ -75,7 +75,11 @@ class _Sampling(_Body):
     def _max_tokens(self) -> int | None:
         raise NotImplementedError
 
-    def _wants_logprobs(self) -> bool:
+    def _wants_logprobs(self) -> bool | int:
+        raise NotImplementedError
+
+    def alternatives(self) -> int:
+        """How many likeliest tokens to return beside each sampled one."""
         raise NotImplementedError
 
     def sampling(self) -> list[dict[str, Any]]:
@@ -95,8 +99,9 @@ class _Sampling(_Body):
             values["stop"] = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if self.stop_token_ids:
             values["stop_token_ids"] = tuple(self.stop_token_ids)
-        if self._wants_logprobs():
-            values["logprobs"] = True
+        wants = self._wants_logprobs()
+        if wants:
+            values["logprobs"] = wants  # True, or k: the k likeliest tokens beside each sampled one
             if getattr(self, "echo", False):
                 values["prompt_logprobs"] = 0  # the echoed prompt's tokens carry theirs
         values.update(self._constraint())
@@ -148,20 +153,17 @@ class CompletionRequest(_Sampling):
     def _max_tokens(self) -> int | None:
         return self.max_tokens
 
-    def _wants_logprobs(self) -> bool:
-        if self.logprobs:
-            raise BadField(
-                "logprobs",
-                f"logprobs={self.logprobs} is not supported: graphrt returns the sampled tokens' "
-                "log-probabilities only (logprobs=0), not the top alternatives",
-            )
+    def _wants_logprobs(self) -> bool | int:
         if self.echo and self.logprobs is not None and self.stream:
             raise BadField("echo", "echo with logprobs is served without streaming only (stream: false)")
         if self.best_of not in (None, self.n):
             raise BadField("best_of", f"best_of={self.best_of} is not supported: leave it unset or equal to n")
         if self.suffix:
             raise BadField("suffix", "suffix is not supported")
-        return self.logprobs is not None
+        return False if self.logprobs is None else (self.logprobs or True)
+
+    def alternatives(self) -> int:
+        return self.logprobs or 0
 
 
 class TextPart(_Body):
@@ -202,11 +204,10 @@ class ChatCompletionRequest(_Sampling):
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def _wants_logprobs(self) -> bool:
-        if self.top_logprobs:
-            raise BadField(
-                "top_logprobs",
-                f"top_logprobs={self.top_logprobs} is not supported: graphrt returns the sampled tokens' "
-                "log-probabilities only (top_logprobs=0)",
-            )
-        return self.logprobs
+    def _wants_logprobs(self) -> bool | int:
+        if self.top_logprobs and not self.logprobs:
+            raise BadField("top_logprobs", f"top_logprobs={self.top_logprobs} needs logprobs: true")
+        return (self.top_logprobs or True) if self.logprobs else False
+
+    def alternatives(self) -> int:
+        return self.top_logprobs or 0

@@ -10,12 +10,13 @@ from graphrt.server.engine_loop import Submission
 class Choices:
     """A submission's requests collected to the end (a non-streaming response)."""
 
-    def __init__(self, engine, submission: Submission, chat: bool, echo: list[str] | None) -> None:
+    def __init__(self, engine, submission: Submission, chat: bool, echo: list[str] | None, k: int = 0) -> None:
         n = len(submission.streams)
-        self.engine, self.submission, self.chat, self.echo = engine, submission, chat, echo
+        self.engine, self.submission, self.chat, self.echo, self.k = engine, submission, chat, echo, k
         self.text = [""] * n
         self.tokens: list[list[int]] = [[] for _ in range(n)]
         self.logprobs: list[list[float]] = [[] for _ in range(n)]
+        self.top_logprobs: list[list[dict]] = [[] for _ in range(n)]
         self.finish: list[str | None] = [None] * n
         self.prompt_logprobs: list[list | None] = [None] * n
         self.error = False
@@ -25,6 +26,7 @@ class Choices:
             self.text[index] += delta.text
             self.tokens[index].extend(delta.token_ids)
             self.logprobs[index].extend(delta.logprobs)
+            self.top_logprobs[index].extend(delta.top_logprobs)
             self.finish[index] = delta.finish_reason
             self.error |= delta.finish_reason == "error"
             if delta.prompt_logprobs is not None:
@@ -35,7 +37,7 @@ class Choices:
         ids = self.submission.streams[i].prompt_token_ids
         given = self.prompt_logprobs[i] or [None] * len(ids)
         decode = self.engine.tokenizer.decode
-        return [(decode([t]), None if e is None else e[t]) for t, e in zip(ids, given)]
+        return [(decode([t]), None if e is None else e[t], None) for t, e in zip(ids, given)]
 
     def token_counts(self) -> list[int]:
         return [len(t) for t in self.tokens]
@@ -45,7 +47,9 @@ class Choices:
         for i in range(len(self.text)):
             entries = None
             if self.logprobs[i]:
-                entries = [(self.engine.tokenizer.decode([t]), lp) for t, lp in zip(self.tokens[i], self.logprobs[i])]
+                entries = token_entries(
+                    self.engine.tokenizer, self.tokens[i], self.logprobs[i], self.top_logprobs[i], self.k
+                )
             finish = finish_names.get(self.finish[i], self.finish[i])
             if self.chat:
                 message = {"role": "assistant", "content": self.text[i]}
@@ -72,28 +76,43 @@ def usage(submission: Submission, completion_tokens: list[int]) -> dict[str, int
     return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
 
-def chat_logprobs(entries: list[tuple[str, float]] | None) -> dict[str, Any] | None:
+def token_entries(tokenizer, token_ids, logprobs, tops, k: int) -> list[tuple]:
+    """(text, logprob, alternatives) per token; alternatives: the k likeliest (text, logprob),
+    most likely first, or None when none were asked for."""
+    out = []
+    for i, (t, lp) in enumerate(zip(token_ids, logprobs)):
+        alternatives = None
+        if k and i < len(tops) and tops[i] is not None:
+            best = sorted(tops[i].items(), key=lambda item: -item[1])[:k]
+            alternatives = [(tokenizer.decode([a]), v) for a, v in best]
+        out.append((tokenizer.decode([t]), lp, alternatives))
+    return out
+
+
+def chat_logprobs(entries: list[tuple] | None) -> dict[str, Any] | None:
     if entries is None:
         return None
+
+    def item(text, lp):
+        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
     return {
-        "content": [
-            {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
-            for text, lp in entries
-        ]
+        "content": [{**item(text, lp), "top_logprobs": [item(*a) for a in alts or ()]} for text, lp, alts in entries]
     }
 
 
-def completion_logprobs(entries: list[tuple[str, float]] | None, offset: int = 0) -> dict[str, Any] | None:
+def completion_logprobs(entries: list[tuple] | None, offset: int = 0) -> dict[str, Any] | None:
     if entries is None:
         return None
     offsets = []
-    for text, _ in entries:
+    for text, _, _ in entries:
         offsets.append(offset)
         offset += len(text)
+    tops = [None if alts is None else dict(alts) for _, _, alts in entries]
     return {
-        "tokens": [t for t, _ in entries],
-        "token_logprobs": [lp for _, lp in entries],
-        "top_logprobs": None,
+        "tokens": [t for t, _, _ in entries],
+        "token_logprobs": [lp for _, lp, _ in entries],
+        "top_logprobs": tops if any(t is not None for t in tops) else None,
         "text_offset": offsets,
     }
 

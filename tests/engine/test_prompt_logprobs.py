@@ -1,6 +1,6 @@
-"""Prompt log-probabilities (vLLM's ``prompt_logprobs``): every prompt token's log-probability
-given the tokens before it, and the k most likely tokens there, equal to transformers' — through
-chunked prefill, beside a cached prefix, in a batch with other requests, and in compiled graphs."""
+"""Log-probabilities with alternatives, equal to transformers': prompt tokens' (vLLM's
+``prompt_logprobs``) through chunked prefill, beside a cached prefix, in a batch with other
+requests and in compiled graphs; sampled tokens' top k (``logprobs=k``), also with drafts."""
 
 import pytest
 import torch
@@ -69,7 +69,43 @@ def test_prompt_logprobs_in_compiled_graphs(tiny_model):
     assert llm.stats()["graph_misses"] == 0
 
 
-@pytest.mark.parametrize("value", [-1, 21, 1.5])
-def test_bad_prompt_logprobs(value):
-    with pytest.raises(InvalidRequestError, match=f"prompt_logprobs={value!r}"):
-        SamplingParams(prompt_logprobs=value)
+def test_sampled_tokens_top_logprobs_match_transformers_with_and_without_drafts(tiny_model):
+    from tests.helpers import drafting_always
+
+    path = tiny_model("llama_gqa")
+    prompts = [[5, 6, 7, 8, 9] * 4, *random_prompts([11], seed=83)]
+    params = [
+        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3),
+        SamplingParams(max_tokens=12, temperature=0.8, seed=5, ignore_eos=True, logprobs=2),
+    ]
+    opts = dict(max_model_len=128, kv_cache_memory=2_000_000)
+    plain = make_llm(path, **opts).generate(prompts, params)
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    drafted = drafting_always(make_llm(path, speculative_config=ngram, **opts)).generate(prompts, params)
+    assert drafted[0].num_accepted_tokens > 0  # the repetitive prompt's drafts were taken
+    for prompt, p, out, other in zip(prompts, params, plain, drafted):
+        k = p.num_top_logprobs
+        assert other.token_ids == out.token_ids and len(out.top_logprobs) == len(out.token_ids)
+        want = hf_prompt_logprobs(path, prompt + out.token_ids)[len(prompt) - 1 : -1]  # the generated positions
+        for i, (token, entry, again) in enumerate(zip(out.token_ids, out.top_logprobs, other.top_logprobs)):
+            top = want[i].topk(k)
+            assert entry[token] == pytest.approx(out.logprobs[i], abs=1e-4)  # the sampler's own
+            assert set(top.indices.tolist()) <= set(entry) and len(entry) in (k, k + 1)
+            for t, v in zip(top.indices.tolist(), top.values.tolist()):
+                assert entry[t] == pytest.approx(v, abs=1e-4) and again[t] == pytest.approx(v, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(prompt_logprobs=-1), "prompt_logprobs=-1"),
+        (dict(prompt_logprobs=21), "prompt_logprobs=21"),
+        (dict(prompt_logprobs=1.5), "prompt_logprobs=1.5"),
+        (dict(logprobs=21), "logprobs=21"),
+        (dict(logprobs=-2), "logprobs=-2"),
+        (dict(logprobs=2, regex="a+"), "cannot be combined with structured output"),
+    ],
+)
+def test_bad_logprob_requests(kwargs, match):
+    with pytest.raises(InvalidRequestError, match=match):
+        SamplingParams(**kwargs)

@@ -116,21 +116,34 @@ def test_extra_fields_choice_and_regex(client):
     assert len(got.choices[0].text) == 4 and got.choices[0].text.isdigit()
 
 
-def test_logprobs_are_the_engines(client, reference):
-    want = reference.generate(["Tell me"], SamplingParams(max_tokens=6, temperature=0, logprobs=True))[0]
-    got = client.completions.create(model="tiny", prompt="Tell me", max_tokens=6, temperature=0, logprobs=0)
+def test_logprobs_and_top_logprobs_are_the_engines(client, reference):
+    want = reference.generate(["Tell me"], SamplingParams(max_tokens=6, temperature=0, logprobs=2))[0]
+    got = client.completions.create(model="tiny", prompt="Tell me", max_tokens=6, temperature=0, logprobs=2)
     lp = got.choices[0].logprobs
     assert lp.token_logprobs == pytest.approx(want.logprobs, abs=1e-5)
     assert "".join(lp.tokens) == want.text and lp.text_offset[0] == 0
+    decode = reference.tokenizer.decode
+    for alternatives, entry in zip(lp.top_logprobs, want.top_logprobs):
+        best = sorted(entry.items(), key=lambda item: -item[1])[:2]
+        assert alternatives == pytest.approx({decode([t]): v for t, v in best}, abs=1e-5)
 
-    chat = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Tell me"}], max_tokens=6, temperature=0, logprobs=True
-    )
     ids = reference.tokenizer.apply_chat_template("Tell me")
-    want = reference.generate([ids], SamplingParams(max_tokens=6, temperature=0, logprobs=True))[0]
-    content = chat.choices[0].logprobs.content
-    assert [c.logprob for c in content] == pytest.approx(want.logprobs, abs=1e-5)
-    assert all(c.top_logprobs == [] and bytes(c.bytes).decode() == c.token for c in content)
+    want = reference.generate([ids], SamplingParams(max_tokens=6, temperature=0, logprobs=3))[0]
+    for stream in (False, True):
+        kwargs = dict(model="tiny", messages=[{"role": "user", "content": "Tell me"}], max_tokens=6, temperature=0)
+        reply = client.chat.completions.create(logprobs=True, top_logprobs=3, stream=stream, **kwargs)
+        chunks = list(reply) if stream else [reply]
+        content = [
+            c for chunk in chunks for choice in chunk.choices if choice.logprobs for c in choice.logprobs.content
+        ]
+        assert [c.logprob for c in content] == pytest.approx(want.logprobs, abs=1e-5)
+        for c, entry in zip(content, want.top_logprobs):
+            best = sorted(entry.items(), key=lambda item: -item[1])[:3]
+            assert [a.logprob for a in c.top_logprobs] == pytest.approx([v for _, v in best], abs=1e-5)
+            assert [a.token for a in c.top_logprobs] == [decode([t]) for t, _ in best]
+            assert bytes(c.bytes).decode() == c.token
+    plain = client.chat.completions.create(logprobs=True, **kwargs)
+    assert all(c.top_logprobs == [] for c in plain.choices[0].logprobs.content)
 
 
 def test_echo_with_logprobs_returns_the_prompts_log_probabilities(client, reference):

@@ -25,7 +25,8 @@ BAD = [
     ("completions", {"prompt": [1, 2, 99999]}, 400, "prompt", "99999"),
     ("completions", {"prompt": "Hi", "regex": "(a"}, 400, "regex", "invalid regex"),
     ("completions", {"prompt": "Hi", "regex": "a", "choice": ["x"]}, 400, "regex", "at most one"),
-    ("completions", {"prompt": "Hi", "logprobs": 3}, 400, "logprobs", "not supported"),
+    ("completions", {"prompt": "Hi", "logprobs": 6}, 400, "logprobs", "less than or equal to 5"),
+    ("completions", {"prompt": "Hi", "logprobs": 2, "regex": "a+"}, 400, "logprobs", "structured output"),
     ("completions", {"prompt": "Hi", "echo": True, "logprobs": 0, "stream": True}, 400, "echo", "stream: false"),
     ("completions", {"prompt": "Hi", "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
     ("completions", {"prompt": "Hi", "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
@@ -44,7 +45,7 @@ BAD = [
         {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
         400,
         "top_logprobs",
-        "not supported",
+        "needs logprobs: true",
     ),
     (
         "chat/completions",

@@ -142,6 +142,27 @@ async def _load(url: str, prompts, max_tokens: int, concurrency: int, time_limit
     }
 
 
+def _cpu_seconds(server_pid: int) -> dict[str, float]:
+    """CPU seconds so far: the server process, its main thread (uvicorn's event loop) and this
+    process (the load generator). Linux's /proc; NaN elsewhere."""
+    import resource
+
+    def proc_stat(path: str) -> float:
+        try:
+            with open(path) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            return float("nan")
+
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "server": proc_stat(f"/proc/{server_pid}/stat"),
+        "event_loop": proc_stat(f"/proc/{server_pid}/task/{server_pid}/stat"),
+        "load_generator": me.ru_utime + me.ru_stime,
+    }
+
+
 def _scrape(url: str) -> dict[str, float]:
     """The server's unlabelled Prometheus samples."""
     out = {}
@@ -189,7 +210,10 @@ def bench_serve(
         asyncio.run(_load(url, prompts, max_tokens, concurrency, time_limit))
         for _ in range(rounds):
             offline_runs.append(_offline(llm, prompts, max_tokens))
-            served_runs.append(asyncio.run(_load(url, prompts, max_tokens, concurrency, time_limit)))
+            before = _cpu_seconds(proc.pid)
+            served = asyncio.run(_load(url, prompts, max_tokens, concurrency, time_limit))
+            served["cpu_s"] = {k: v - before[k] for k, v in _cpu_seconds(proc.pid).items()}
+            served_runs.append(served)
         server_metrics = _scrape(url)
     finally:
         proc.terminate()
@@ -220,6 +244,11 @@ def bench_serve(
         f"  graphrt serve        : {s['output_tokens_per_s']:7.1f} output tokens/s, "
         f"{s['requests_per_s']:.2f} requests/s  ({result['server_over_offline']:.1%} of offline; "
         f"{s['requests']} requests done; the median of {', '.join(f'{x:.1f}' for x in result['server_runs'])})"
+    )
+    cpu = s["cpu_s"]
+    print(
+        f"  CPU in that pass     : server {cpu['server']:.1f} s (its event loop {cpu['event_loop']:.1f} s), "
+        f"load generator {cpu['load_generator']:.1f} s, over {s['wall_s']:.1f} s on {os.cpu_count()} cores"
     )
     print(
         f"  server steps         : {result['server_graph_hits']:.0f} replayed by graphs, "

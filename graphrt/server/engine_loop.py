@@ -238,7 +238,7 @@ class EngineLoop:
             if not (new or text or out.finished):
                 continue
             logprobs = tuple(out.logprobs[active.sent_tokens :]) if out.logprobs else ()
-            first = active.sent_tokens == 0 and active.last_token_time is None
+            first = active.sent_tokens == 0  # the request's first published tokens
             delta = Delta(
                 text,
                 tuple(out.token_ids[active.sent_tokens :]),

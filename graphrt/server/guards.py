@@ -45,7 +45,7 @@ class BearerAuth:
 
 class BodyLimit:
     """Request bodies over ``max_bytes`` get 413: by Content-Length before anything is read,
-    and while reading for bodies sent without one."""
+    and while the app reads a body sent without one."""
 
     def __init__(self, app, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -65,21 +65,10 @@ class BodyLimit:
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _TooLarge(self.max_bytes)
+                    raise _TooLarge(self.max_bytes)  # answered 413 by the app's HTTPException handler
             return msg
 
-        started = False
-
-        async def tracking_send(msg):
-            nonlocal started
-            started |= msg["type"] == "http.response.start"
-            await send(msg)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await _send_error(send, 413, message, "invalid_request_error")
+        await self.app(scope, limited_receive, send)
 
 
 class _TooLarge(HTTPException):

@@ -18,6 +18,8 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -q $(CONSTRAIN) -e '.[test,bench]'
+	# TorchAir's Python package out of the torch-npu wheel (never installed): the NPU conversion tests
+	$(BIN)/python -m graphrt.npu.torchair_package || echo "TorchAir not fetched: the NPU conversion tests will skip"
 	touch $@
 
 setup: $(VENV)/.installed

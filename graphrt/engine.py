@@ -57,6 +57,7 @@ class EngineConfig:
     strict_graph_cache: bool = False  # refuse, rather than rebuild, an untrustworthy entry
     rebuild_graph_cache: bool = False  # build graphs a shipped cache lacks for the settings asked
     speculative_config: SpeculativeConfig | None = None  # drafts verified in the graphs (ngram)
+    torchair_mode: str = "max-autotune"  # backend="torchair": one GE graph, or "reduce-overhead" (ACL graphs)
 
 
 @dataclass

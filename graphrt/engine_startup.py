@@ -58,6 +58,7 @@ class EngineStartup:
 
     def start(self) -> EngineStartup:
         t0 = time.perf_counter()
+        self.check_backend()
         self.open_graph_cache()
         self.load()
         self.configure()
@@ -70,6 +71,20 @@ class EngineStartup:
         self.record_settings()
         self.startup_seconds = {"load": t1 - t0, "kv_cache": t2 - t1, "graphs": time.perf_counter() - t2}
         return self
+
+    def check_backend(self) -> None:
+        from graphrt.compiler.inner import INNER_BACKENDS
+        from graphrt.npu.backend import MODES
+
+        c = self.config
+        if c.backend not in INNER_BACKENDS:
+            raise ValueError(f"backend {c.backend!r} is not known; backends: {list(INNER_BACKENDS)}")
+        if c.torchair_mode not in MODES:
+            raise ValueError(f"torchair_mode {c.torchair_mode!r} is not known; modes: {list(MODES)}")
+        if c.backend == "torchair" and c.compile:
+            from graphrt.npu import torchair_package
+
+            torchair_package.load()  # here, not mid-capture: TorchAirUnavailable names the fix
 
     def open_graph_cache(self) -> None:
         """The graph store: the per-user cache by default, a shipped directory when given (its
@@ -241,7 +256,10 @@ class EngineStartup:
             return self.capture_report
         self.graphs.compiling = True
         steps = {"main": self.step_module, "verify": self.verify_module, "mtp": self.mtp_module}
-        builder = GraphBuilder(steps, self.kv_caches, self.passes, self.config.backend, self.store, self.model_key)
+        options = {"torchair_mode": self.config.torchair_mode} if self.config.backend == "torchair" else {}
+        builder = GraphBuilder(
+            steps, self.kv_caches, self.passes, self.config.backend, self.store, self.model_key, options
+        )
         keys = self.graphs.all_keys()
         bar = tqdm(total=len(keys), desc="capture", unit="graph", disable=not self.config.progress)
         pending: collections.deque[PendingGraph] = collections.deque()

@@ -40,6 +40,7 @@ class LLM:
         grammar_backend: str = "in-graph",
         rebuild_graph_cache: bool = False,
         speculative_config: dict | None = None,
+        torchair_mode: str = "max-autotune",
     ) -> None:
         """Load ``model`` and start serving it. Settings left as None come from a shipped graph
         cache (``graph_cache=DIR``, as ``graphrt precompile`` wrote it) when there is one, else
@@ -66,6 +67,7 @@ class LLM:
             strict_graph_cache,
             rebuild_graph_cache,
             SpeculativeConfig.from_dict(speculative_config),
+            torchair_mode,
         )
         self.engine = LLMEngine(config).start()
 

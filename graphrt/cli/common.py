@@ -21,6 +21,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-compile", action="store_true", help="run eagerly, without compiled graphs")
     p.add_argument("--backend", default="inductor", choices=["inductor", "eager", "torchair"])
+    p.add_argument(
+        "--torchair-mode",
+        default="max-autotune",
+        choices=["max-autotune", "reduce-overhead"],
+        help="with --backend torchair: one GE graph per key, or captured ACL graphs",
+    )
     p.add_argument("--passes-disabled", default="", help="comma-separated pass names to switch off")
     p.add_argument(
         "--graph-cache",
@@ -67,6 +73,7 @@ def llm_kwargs(args: argparse.Namespace) -> dict:
         seed=args.seed,
         compile=not args.no_compile,
         backend=args.backend,
+        torchair_mode=args.torchair_mode,
         passes_disabled=[p for p in args.passes_disabled.split(",") if p],
         graph_cache=False if args.no_graph_cache else args.graph_cache,
         strict_graph_cache=args.strict_graph_cache,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from graphrt.compiler.inner import CompiledFn, get_inner_backend
+from graphrt.compiler.inner import CompiledFn, InnerBackendError, get_inner_backend
 from graphrt.passes import PassManager
 
 
@@ -39,8 +39,8 @@ class CapturedGraph:
 class _Backend:
     """The torch.compile backend: passes, then the inner backend; keeps what it built."""
 
-    def __init__(self, passes: PassManager, inner: str, name: str) -> None:
-        self.passes, self.inner, self.name = passes, get_inner_backend(inner), name
+    def __init__(self, passes: PassManager, inner: str, name: str, options: dict | None = None) -> None:
+        self.passes, self.inner, self.name = passes, get_inner_backend(inner, **(options or {})), name
         self.built: list[tuple[fx.GraphModule, list, CompiledFn]] = []
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> CompiledFn:
@@ -70,13 +70,27 @@ def input_sources(step: torch.nn.Module, args: tuple, kv_caches, example_inputs:
     return sources
 
 
-def capture(step: torch.nn.Module, args: tuple, kv_caches, passes: PassManager, inner: str, name: str) -> CapturedGraph:
-    backend = _Backend(passes, inner, name)
+def capture(
+    step: torch.nn.Module,
+    args: tuple,
+    kv_caches,
+    passes: PassManager,
+    inner: str,
+    name: str,
+    options: dict | None = None,
+) -> CapturedGraph:
+    """``options``: the inner backend's settings (torchair_mode)."""
+    backend = _Backend(passes, inner, name, options)
     compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=False)
     start = time.perf_counter()
     # Every key traces the same forward; keep Dynamo's per-function cache out of the way.
     with torch._dynamo.config.patch(cache_size_limit=1 << 16, accumulated_cache_size_limit=1 << 16), torch.no_grad():
-        compiled(*args, kv_caches)
+        try:
+            compiled(*args, kv_caches)
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            if isinstance(e.inner_exception, InnerBackendError):  # the inner backend's own words, unwrapped
+                raise e.inner_exception from None
+            raise
     elapsed = time.perf_counter() - start
     if len(backend.built) != 1:
         raise CaptureError(f"step {name} compiled into {len(backend.built)} graphs, expected one")

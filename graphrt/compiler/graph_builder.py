@@ -62,6 +62,7 @@ class GraphBuilder:
         backend: str,
         store: ArtifactStore | None,
         model_key: dict,
+        inner_options: dict | None = None,
     ) -> None:
         # one module per step kind ("main", "verify"); they share the model and its weights
         self.steps = step if isinstance(step, dict) else {"main": step}
@@ -69,6 +70,7 @@ class GraphBuilder:
         self.kv_caches, self.passes, self.backend = kv_caches, passes, backend
         self.store = store if backend == "inductor" else None  # eager / torchair keep no artifacts
         self.model_key = model_key
+        self.inner_options = inner_options or {}  # the inner backend's settings (torchair_mode)
         self.weights = dict([*self.step.named_parameters(), *self.step.named_buffers()])
 
     def signature(self, bufs: InputBuffers, free: bool) -> dict:
@@ -112,7 +114,8 @@ class GraphBuilder:
         being built in a worker process (``finish`` waits for it)."""
         start = time.perf_counter()
         if self.store is None:
-            graph = capture(self.steps[key.kind], bufs.args(), self.kv_caches, self.passes, self.backend, key.name)
+            step = self.steps[key.kind]
+            graph = capture(step, bufs.args(), self.kv_caches, self.passes, self.backend, key.name, self.inner_options)
             return graph, "compiled", time.perf_counter() - start
         hit = self.cached(key, bufs)
         if hit is not None:

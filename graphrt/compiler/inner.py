@@ -6,11 +6,16 @@ over the flat inputs. The NPU backend plugs in here and nowhere else.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch.fx as fx
 
 CompiledFn = Callable[..., tuple]
+
+
+class InnerBackendError(RuntimeError):
+    """An inner backend could not compile a graph, for a reason it states itself."""
 
 
 def inductor(gm: fx.GraphModule, example_inputs: list) -> CompiledFn:
@@ -24,26 +29,24 @@ def eager(gm: fx.GraphModule, example_inputs: list) -> CompiledFn:
     return gm.forward
 
 
-def torchair(gm: fx.GraphModule, example_inputs: list) -> CompiledFn:
-    """Ascend NPU through TorchAir (GE graph). Unverified here: it needs torch_npu and CANN."""
-    import torch_npu  # noqa: F401  (lazy: importing it without CANN breaks torch)
-    from torch_npu.dynamo import torchair as tng
+def torchair(gm: fx.GraphModule, example_inputs: list, torchair_mode: str = "max-autotune") -> CompiledFn:
+    """Ascend NPU through TorchAir (graphrt.npu.backend); without an NPU, converted and replayed."""
+    from graphrt.npu.backend import compile_step
 
-    from graphrt.kernels.npu import register_npu_kernels
-
-    register_npu_kernels()
-    config = tng.CompilerConfig()
-    return tng.get_npu_backend(compiler_config=config)(gm, example_inputs)
+    return compile_step(gm, example_inputs, torchair_mode)
 
 
-INNER_BACKENDS: dict[str, Callable[[fx.GraphModule, list], CompiledFn]] = {
+INNER_BACKENDS: dict[str, Callable[..., CompiledFn]] = {
     "inductor": inductor,
     "eager": eager,
     "torchair": torchair,
 }
 
 
-def get_inner_backend(name: str) -> Callable[[fx.GraphModule, list], CompiledFn]:
+def get_inner_backend(name: str, **options) -> Callable[[fx.GraphModule, list], CompiledFn]:
+    """The backend called ``name``; ``options`` go to the backends that take them (torchair_mode)."""
     if name not in INNER_BACKENDS:
         raise ValueError(f"backend {name!r} is not known; backends: {list(INNER_BACKENDS)}")
+    if name == "torchair" and options:
+        return functools.partial(torchair, **options)
     return INNER_BACKENDS[name]

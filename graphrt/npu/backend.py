@@ -1,0 +1,113 @@
+"""TorchAir as an inner backend: graphrt's rewritten step → one Ascend graph (GE, ``max-autotune``)
+or one captured ACL graph (``reduce-overhead``) per graph key.
+
+The configuration is the one LLM deployments of TorchAir use: weights as frozen parameters (not
+re-checked per step), tiling scheduled once, static shapes (one graph per key, no dynamic dims:
+the capture already runs ``dynamic=False``), and input mutations kept in the graph so the KV
+caches are written in place. Without an NPU the graph is converted exactly as on one and then
+replayed eagerly (``debug.run_eagerly``): the Ascend IR is real, its execution is not.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import pathlib
+import re
+import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+
+import torch.fx as fx
+
+from graphrt.compiler.inner import InnerBackendError
+from graphrt.npu import standins, torchair_package
+
+log = logging.getLogger("graphrt.npu")
+
+MODES = ("max-autotune", "reduce-overhead")
+
+
+class TorchAirConversionError(InnerBackendError):
+    """TorchAir could not convert a graphrt step graph (an op without an Ascend lowering)."""
+
+
+@dataclass
+class TorchAirGraph:
+    """A step graph compiled by TorchAir, with the Ascend IR it became (GE mode)."""
+
+    fn: object
+    mode: str
+    ascend_ops: collections.Counter = field(default_factory=collections.Counter)  # op type → count
+    ir_text: str = ""  # the optimised GE graph as protobuf text
+    context: Callable[[], AbstractContextManager] = nullcontext  # around every call
+
+    def __call__(self, *args):
+        with self.context():
+            return self.fn(*args)
+
+
+def compiler_config(torchair, mode: str, dump_dir: str | None, on_npu: bool):
+    if mode not in MODES:
+        raise ValueError(f"torchair_mode {mode!r} is not known; modes: {list(MODES)}")
+    cfg = torchair.CompilerConfig()
+    cfg.mode = mode
+    cfg.experimental_config.frozen_parameter = True
+    cfg.experimental_config.tiling_schedule_optimize = True
+    cfg.experimental_config.keep_inference_input_mutations = True
+    if not on_npu:
+        cfg.debug.run_eagerly = True
+        # TorchAir's own pattern fusions rewrite aten chains into torch_npu ops, which have no
+        # body off the NPU (graphrt's passes have fused what matters already)
+        cfg.experimental_config.pattern_fusion_pass = False
+    if dump_dir is not None:
+        cfg.debug.graph_dump.type = "txt"  # the GraphDef in protobuf text format
+        cfg.debug.graph_dump.path = dump_dir
+    return cfg
+
+
+def read_ir(dump_dir: pathlib.Path) -> tuple[collections.Counter, str]:
+    """The op types of the optimised GE graph TorchAir dumped into ``dump_dir``."""
+    dumps = sorted(dump_dir.glob("dynamo_optimized_*.txt")) or sorted(dump_dir.glob("*.txt"))
+    if not dumps:
+        return collections.Counter(), ""
+    text = dumps[-1].read_text()
+    from google.protobuf import text_format
+    from torchair._ge_concrete_graph.ge_ir_pb2 import GraphDef
+
+    graph = text_format.Parse(text, GraphDef())
+    return collections.Counter(op.type for op in graph.op), text
+
+
+def failing_op(e: BaseException) -> str:
+    """The op TorchAir's error names (its converter's message, or the FX node it was converting)."""
+    text = str(e)
+    found = re.search(r"(torch\.ops\.[\w.]+) ge_converter", text) or re.search(r"target=([\w.]+)", text)
+    if found is None:
+        found = re.search(r"No AscendIR (\w+) was found", text)
+    return f"op {found.group(1)}" if found else "an op"
+
+
+def compile_step(gm: fx.GraphModule, example_inputs: list, mode: str = "max-autotune") -> TorchAirGraph:
+    torchair = torchair_package.load()
+    from graphrt.kernels import npu_ge
+
+    npu_ge.register_ge_converters(torchair)
+    on_npu = torchair_package.has_torch_npu()
+    if on_npu:
+        from graphrt.kernels.npu import register_npu_kernels
+
+        register_npu_kernels()
+    with tempfile.TemporaryDirectory(prefix="graphrt-torchair-") as dump:
+        cfg = compiler_config(torchair, mode, dump if mode == "max-autotune" else None, on_npu)
+        backend = torchair.get_npu_backend(compiler_config=cfg, custom_decompositions=npu_ge.decompositions())
+        # off the NPU, TorchAir's ACL path (and the code it generates) imports torch_npu even for an eager replay
+        replay = standins.acl_replay_stand_ins if mode != "max-autotune" and not on_npu else nullcontext
+        try:
+            with replay():
+                fn = backend(gm, example_inputs)
+        except (NotImplementedError, RuntimeError, TypeError) as e:
+            raise TorchAirConversionError(f"{failing_op(e)} could not be lowered by TorchAir ({mode}): {e}") from e
+        ops, text = read_ir(pathlib.Path(dump)) if mode == "max-autotune" else (collections.Counter(), "")
+    return TorchAirGraph(fn, mode, ops, text, replay)

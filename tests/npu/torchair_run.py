@@ -1,0 +1,82 @@
+"""Run graphrt's TorchAir backend on tiny models and print what it built, as JSON.
+
+Run in its own process by tests/npu (TorchAir's import sets process-wide state: signal
+handlers, an exit hook, its converter registry), so that no other test runs beside it.
+Usage: python -m tests.npu.torchair_run ROOT MODEL [MODEL ...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+import graphrt
+from graphrt import SamplingParams
+from graphrt.cli.precompile import graph_operators
+from graphrt.runner.graph_cache import CaptureSizes
+from tests.oracle import random_prompts
+from tests.tiny_models import save_tiny, save_tiny_with_mtp
+
+SIZES = CaptureSizes(decode=(4,), mixed=(16,))
+OPTS = dict(
+    dtype=torch.bfloat16, max_num_seqs=4, max_num_batched_tokens=16, kv_cache_memory=2_000_000,
+    capture_sizes=SIZES, graph_cache=False, progress=False,
+)  # fmt: skip
+PROMPTS = random_prompts([3, 21, 9], seed=20)  # 21 > 16: a chunked prefill too
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=True)
+SEEDED = [SamplingParams(max_tokens=6, temperature=0.8, top_k=20, top_p=0.9, seed=i, ignore_eos=True) for i in range(3)]
+
+
+def outputs(llm) -> dict:
+    greedy = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    return {
+        "greedy": [o.token_ids for o in greedy],
+        "logprobs": [o.logprobs for o in greedy],
+        "seeded": [o.token_ids for o in llm.generate(PROMPTS, SEEDED, use_tqdm=False)],
+    }
+
+
+# each model's speculative method: its verify (and MTP) graphs convert too
+SPEC = {
+    "llama_gqa": {"method": "ngram", "num_speculative_tokens": 2},
+    "deepseek_v3": {"method": "mtp", "num_speculative_tokens": 1},
+}
+
+
+def run(root: str, name: str, with_tokens: bool) -> dict:
+    path = save_tiny_with_mtp(root) if name == "deepseek_v3" else save_tiny(name, root)
+    opts = dict(OPTS, speculative_config=SPEC.get(name))
+    out: dict = {}
+    llm = graphrt.LLM(path, backend="torchair", **opts)
+    out["ops"] = {key: dict(ops) for key, ops in graph_operators(llm).items()}
+    out["stats"] = llm.stats()
+    if with_tokens:
+        out["max-autotune"] = outputs(llm)
+        del llm
+        out["reduce-overhead"] = outputs(graphrt.LLM(path, backend="torchair", torchair_mode="reduce-overhead", **opts))
+        out["eager"] = outputs(graphrt.LLM(path, backend="eager", **opts))
+    return out
+
+
+def unconvertible() -> str:
+    """The error for a graph holding an op TorchAir cannot lower."""
+    from graphrt.npu.backend import compile_step
+
+    def f(x):
+        return torch.logcumsumexp(x * 2, dim=0)
+
+    try:
+        torch.compile(f, backend=compile_step, fullgraph=True)(torch.randn(4, dtype=torch.bfloat16))
+    except Exception as e:  # noqa: BLE001  (reported to the test as text)
+        inner = getattr(e, "inner_exception", e)
+        return f"{type(inner).__name__}: {inner}"
+    return "converted"
+
+
+if __name__ == "__main__":
+    root, names = sys.argv[1], sys.argv[2:]
+    result = {name.lstrip("+"): run(root, name.lstrip("+"), name.startswith("+")) for name in names}
+    result["unconvertible"] = unconvertible()
+    print("RESULT " + json.dumps(result))

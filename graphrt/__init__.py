@@ -6,7 +6,7 @@ Imports are lazy so that ``import graphrt.kernels`` stays light.
 
 from graphrt.version import __version__
 
-__all__ = ["LLM", "SamplingParams", "__version__", "compile"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "__version__", "compile"]
 
 
 def __getattr__(name: str):
@@ -18,6 +18,10 @@ def __getattr__(name: str):
         from graphrt.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "LoRARequest":
+        from graphrt.lora.request import LoRARequest
+
+        return LoRARequest
     if name == "compile":
         from graphrt.llm import compile
 

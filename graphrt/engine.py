@@ -19,6 +19,8 @@ from graphrt.core.request import Request
 from graphrt.core.stop import Detokenizer, token_stop_reason
 from graphrt.engine_startup import CaptureRecord, EngineStartup  # noqa: F401  (CaptureRecord: re-exported)
 from graphrt.grammar import GrammarCompiler, RequestGrammar
+from graphrt.lora.config import LoRAConfig
+from graphrt.lora.request import LoRARequest
 from graphrt.outputs import RequestOutput
 from graphrt.runner.graph_cache import CaptureSizes
 from graphrt.runner.kv_cache import (
@@ -58,6 +60,7 @@ class EngineConfig:
     rebuild_graph_cache: bool = False  # build graphs a shipped cache lacks for the settings asked
     speculative_config: SpeculativeConfig | None = None  # drafts verified in the graphs (ngram)
     torchair_mode: str = "max-autotune"  # backend="torchair": one GE graph, or "reduce-overhead" (ACL graphs)
+    lora: LoRAConfig | None = None  # LoRA adapters served (slots, largest rank); None: none
 
 
 @dataclass
@@ -119,7 +122,11 @@ class LLMEngine(EngineStartup):
             )
 
     def add_request(
-        self, prompt: str | list[int], params: SamplingParams | dict | None = None, chat: bool = False
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | dict | None = None,
+        chat: bool = False,
+        lora_request: LoRARequest | None = None,
     ) -> str:
         """Validate and queue one request; raises InvalidRequestError (and queues nothing)."""
         if params is None:
@@ -130,6 +137,7 @@ class LLMEngine(EngineStartup):
             raise InvalidRequestError(f"sampling params must be SamplingParams or a dict, got {type(params).__name__}")
         ids = self.tokenize(prompt, chat)
         self.validate_params(params)
+        lora_id = self.register_lora(lora_request)
         grammar = (
             RequestGrammar(self._compiled_grammar(params), self.loaded.config.vocab_size)
             if params.has_constraint
@@ -137,7 +145,7 @@ class LLMEngine(EngineStartup):
         )
         rid = str(next(self._ids))
         seed = params.seed if params.seed is not None else self._rng.randrange(1 << 62)
-        req = Request(rid, ids, params, seed, self.loaded.eos_token_ids)
+        req = Request(rid, ids, params, seed, self.loaded.eos_token_ids, lora_id=lora_id)
         stops = params.stop
         tracked = _Tracked(req, Detokenizer(self.tokenizer, stops), RequestOutput(rid, list(ids)), grammar)
         if params.prompt_logprobs is not None:
@@ -147,6 +155,18 @@ class LLMEngine(EngineStartup):
         self._tracked[rid] = tracked
         self.scheduler.add_request(req)
         return rid
+
+    def register_lora(self, lora_request: LoRARequest | None) -> int:
+        """The adapter's id (0: none), its directory read and checked the first time it is named."""
+        if lora_request is None:
+            return 0
+        if not isinstance(lora_request, LoRARequest):
+            raise InvalidRequestError(f"lora_request must be a graphrt.LoRARequest, got {type(lora_request).__name__}")
+        if self.lora is None:
+            raise InvalidRequestError(
+                f"lora_request {lora_request.lora_name!r}: LoRA is off; start the engine with enable_lora=True"
+            )
+        return self.lora.register(lora_request)
 
     def validate_params(self, params: SamplingParams) -> None:
         """Engine-level checks of params (the grammar hooks in here)."""
@@ -357,5 +377,6 @@ class LLMEngine(EngineStartup):
             "free_blocks": self.blocks.num_free_blocks,
             "prefix_cache_hits": self.blocks.prefix_cache_hits,
             "preemptions": self.scheduler.num_preemptions,
+            "lora_slot_fills": self.lora.fills if self.lora is not None else 0,
             **self.spec_stats.as_dict(),
         }

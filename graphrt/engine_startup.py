@@ -19,6 +19,8 @@ from graphrt.core.block_manager import BlockManager
 from graphrt.core.scheduler import Scheduler, SchedulerConfig
 from graphrt.grammar import GrammarCompiler
 from graphrt.loader import LoadedModel, load_model, resolve_dtype
+from graphrt.lora.manager import LoRAManager
+from graphrt.lora.slots import AdapterSlots
 from graphrt.passes import PassManager
 from graphrt.runner.graph_cache import CaptureSizes, GraphCache
 from graphrt.runner.graph_key import GraphKey
@@ -149,6 +151,7 @@ class EngineStartup:
         # Every step graph returns its tokens' final hidden states: MTP drafts from them, and a
         # request's prompt log-probabilities and its sampled tokens' alternatives (logprobs=k)
         # are computed from them (runner/token_logprobs.py).
+        self.lora = self.install_lora(num_seqs)
         self.step_module = StepModule(self.loaded.model, self.block_size, c.grammar_backend, return_hidden=True)
         self.verify_module, self.mtp_module, self.proposer, self.spec_stats = None, None, None, SpecStats()
         if self.spec is not None:
@@ -179,6 +182,17 @@ class EngineStartup:
         self.model_key = (
             model_key(cfg.to_dict(), self.dtype, self.step_module, self.block_size) if self.store is not None else None
         )
+
+    def install_lora(self, max_rows: int) -> LoRAManager | None:
+        """With LoRA on: adapter slots in the model (zeros: graph inputs like its weights) and the
+        manager that fills them."""
+        if self.config.lora is None:
+            return None
+        lora, cfg = self.config.lora, self.loaded.config
+        if cfg.mla is not None or cfg.moe is not None:
+            raise ValueError(f"LoRA serves the Llama family (Llama, Qwen2, Qwen3), not {cfg.architecture}")
+        slots = AdapterSlots(self.loaded.model, cfg, lora.max_loras, lora.max_lora_rank, max_rows)
+        return LoRAManager(slots, cfg, self.dtype)
 
     def _check_shipped_settings(self) -> None:
         """A shipped cache never compiles silently because of a setting: name each one that would
@@ -233,7 +247,7 @@ class EngineStartup:
         self.kv_plan = plan_kv_cache(self.kv_config, cache, self.dtype, self.max_model_len, self.activation_peak)
         self.kv_caches = allocate_kv_caches(self.kv_config, self.kv_plan.num_blocks, self.block_size, self.dtype)
         self.blocks = BlockManager(self.kv_plan.num_blocks, self.block_size, self.config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(self.sched_config, self.blocks)
+        self.scheduler = Scheduler(self.sched_config, self.blocks, self.lora)
         self.runner = ModelRunner(
             self.step_module,
             self.kv_caches,
@@ -242,6 +256,7 @@ class EngineStartup:
             self.max_model_len,
             self.verify_module,
             self.mtp_module,
+            self.lora.slots if self.lora is not None else None,
         )
         self.runner.bitmask_provider = self._fill_bitmask
         if self.mtp_module is not None:

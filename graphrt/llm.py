@@ -8,6 +8,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from graphrt.engine import EngineConfig, LLMEngine
+from graphrt.lora.config import LoRAConfig
+from graphrt.lora.request import LoRARequest
 from graphrt.outputs import RequestOutput, StreamEvent
 from graphrt.runner.graph_cache import CaptureSizes
 from graphrt.runner.kv_cache import CacheConfig
@@ -41,6 +43,9 @@ class LLM:
         rebuild_graph_cache: bool = False,
         speculative_config: dict | None = None,
         torchair_mode: str = "max-autotune",
+        enable_lora: bool = False,
+        max_loras: int = 4,
+        max_lora_rank: int = 16,
     ) -> None:
         """Load ``model`` and start serving it. Settings left as None come from a shipped graph
         cache (``graph_cache=DIR``, as ``graphrt precompile`` wrote it) when there is one, else
@@ -68,6 +73,7 @@ class LLM:
             rebuild_graph_cache,
             SpeculativeConfig.from_dict(speculative_config),
             torchair_mode,
+            LoRAConfig(max_loras, max_lora_rank) if enable_lora else None,
         )
         self.engine = LLMEngine(config).start()
 
@@ -86,10 +92,16 @@ class LLM:
     def stats(self) -> dict[str, int]:
         return self.engine.stats()
 
-    def _submit(self, prompts: Sequence[Prompt] | Prompt, params, chat: bool) -> list[str]:
+    def _submit(self, prompts: Sequence[Prompt] | Prompt, params, chat: bool, lora_request=None) -> list[str]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # one prompt
         prompts = list(prompts)
+        if isinstance(lora_request, (list, tuple)):
+            if len(lora_request) != len(prompts):
+                raise InvalidRequestError(f"got {len(lora_request)} LoRA requests for {len(prompts)} prompts")
+            loras = list(lora_request)
+        else:
+            loras = [lora_request] * len(prompts)
         if isinstance(params, (list, tuple)):
             if len(params) != len(prompts):
                 raise InvalidRequestError(f"got {len(params)} sampling params for {len(prompts)} prompts")
@@ -105,9 +117,10 @@ class LLM:
                 params = SamplingParams.from_dict(sp) if isinstance(sp, dict) else sp
                 if isinstance(params, SamplingParams):
                     self.engine.validate_params(params)  # grammars compile here (cached for add_request)
+                self.engine.register_lora(loras[i])  # an adapter's directory is read and checked here
             except InvalidRequestError as e:
                 raise InvalidRequestError(f"prompt {i}: {e}") from None
-        return [self.engine.add_request(ids, sp) for ids, sp in zip(token_ids, per_prompt)]
+        return [self.engine.add_request(*args) for args in zip(token_ids, per_prompt, [False] * len(loras), loras)]
 
     def generate(
         self,
@@ -115,8 +128,10 @@ class LLM:
         sampling_params: SamplingParams | dict | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         chat: bool = False,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        ids = self._submit(prompts, sampling_params, chat)
+        """``lora_request``: one adapter for every prompt, or one (or None) per prompt."""
+        ids = self._submit(prompts, sampling_params, chat, lora_request)
         pending = set(ids)
         bar = tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm or len(ids) < 2)
         while pending:
@@ -135,10 +150,11 @@ class LLM:
         prompts: Sequence[Prompt] | Prompt,
         sampling_params: SamplingParams | dict | Sequence[SamplingParams] | None = None,
         chat: bool = False,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> Iterator[StreamEvent]:
         """Yield each request's new text (and tokens) as it is produced; the last event of a
         request carries its finish_reason."""
-        ids = self._submit(prompts, sampling_params, chat)
+        ids = self._submit(prompts, sampling_params, chat, lora_request)
         index = {rid: i for i, rid in enumerate(ids)}
         sent = {rid: 0 for rid in ids}
         pending = set(ids)

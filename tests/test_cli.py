@@ -1,6 +1,8 @@
 import os
 import sys
 
+import pytest
+
 from graphrt.cli import main
 
 
@@ -107,3 +109,20 @@ def test_generate_with_a_json_schema_file_and_choice(tiny_tok_model, tmp_path, c
         ]
     )
     assert rc == 0 and capsys.readouterr().out.strip().splitlines()[-1] in ("yes", "no")
+
+
+def test_generate_with_a_lora_adapter(tiny_tok_model, tmp_path, capsys):
+    from graphrt import LoRARequest, SamplingParams
+    from tests.helpers import make_llm
+    from tests.lora.adapters import make_adapter
+
+    adapter = make_adapter(str(tmp_path), "llama_gqa", ("q_proj", "v_proj"), 4, 8, seed=7)
+    argv = ["generate", "--no-compile", "--model", tiny_tok_model, "--prompt", "Hello", "--max-tokens", "6"]
+    assert main([*argv, "--kv-cache-memory", "4000000", "--lora", f"mine={adapter}"]) == 0
+    out = capsys.readouterr().out
+    llm = make_llm(tiny_tok_model, enable_lora=True, kv_cache_memory=4_000_000)
+    params = SamplingParams(max_tokens=6, temperature=0)
+    want = llm.generate(["Hello"], params, lora_request=LoRARequest("mine", 1, adapter))[0].text
+    assert want in out and want != llm.generate(["Hello"], params)[0].text
+    with pytest.raises(SystemExit, match="--lora 'no-equals-sign' must be NAME=PATH"):
+        main([*argv, "--lora", "no-equals-sign"])

@@ -17,7 +17,8 @@ def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[
     return [torch.randint(100, vocab, (length,), generator=g).tolist() for _ in range(batch)]
 
 
-def run_graphrt(llm, prompts: list[list[int]], gen_len: int) -> dict:
+def run_graphrt(llm, prompts: list[list[int]], gen_len: int, loras: list | None = None) -> dict:
+    """``loras``: a LoRARequest (or None) per prompt."""
     from graphrt import SamplingParams
 
     engine = llm.engine
@@ -33,7 +34,8 @@ def run_graphrt(llm, prompts: list[list[int]], gen_len: int) -> dict:
     engine.graphs.run = timed_run
     try:
         params = SamplingParams(max_tokens=gen_len, temperature=0, ignore_eos=True)
-        ids = [engine.add_request(p, params) for p in prompts]
+        loras = loras or [None] * len(prompts)
+        ids = [engine.add_request(p, params, lora_request=lr) for p, lr in zip(prompts, loras)]
         steps, graph_s, ttft = [], [], None
         start = time.perf_counter()
         while engine.has_unfinished():

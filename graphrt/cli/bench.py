@@ -38,6 +38,14 @@ def add_parser(sub) -> None:
             k.add_argument("--plot", default=None, help="draw throughput against batch size into this PNG")
             k.add_argument("--no-transformers", action="store_true")
             k.add_argument(
+                "--lora",
+                type=int,
+                default=0,
+                metavar="N",
+                help="instead: decode with N LoRA adapters (rank 16) spread over the largest batch, against the base",
+            )
+            k.add_argument("--lora-targets", default="all", choices=["all", "attn"], help="the adapters' modules")
+            k.add_argument(
                 "--vs-llamacpp",
                 action="store_true",
                 help="run llama.cpp (llama-cpp-python) at batch 1 on an F32/F16 copy of the GGUF, interleaved",
@@ -73,7 +81,14 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.bench in ("decode", "roofline"):
+    if args.bench == "decode" and args.lora:
+        from graphrt.bench.lora import bench_lora
+
+        result = bench_lora(
+            args.model, args.dtype, args.lora, max(args.batch_sizes), args.prompt_len, args.gen_len,
+            args.graph_cache, args.lora_targets,
+        )  # fmt: skip
+    elif args.bench in ("decode", "roofline"):
         from graphrt.bench.decode import bench_decode, plot
 
         roofline_only = args.bench == "roofline"  # the same run, without transformers

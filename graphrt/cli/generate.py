@@ -30,6 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--regex", default=None, help="the output must match this regular expression")
     p.add_argument("--choice", action="append", default=None, help="the output is one of these (repeatable)")
     p.add_argument("--grammar-backend", default="in-graph", choices=["in-graph", "xgrammar-cpu"])
+    p.add_argument("--lora", default=None, metavar="NAME=PATH", help="generate with this PEFT LoRA adapter")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(func=run)
 
@@ -43,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     chat = args.chat or args.prompt is None
     kwargs = llm_kwargs(args)
     kwargs["grammar_backend"] = args.grammar_backend
+    lora = parse_lora(args.lora) if args.lora else None
+    if lora is not None:
+        kwargs.update(enable_lora=True, max_loras=1)
     # One-shot generation needs two graphs: the prefill at the token budget and the decode of
     # this many prompts (each cold compile costs tens of seconds on a small CPU; the per-user
     # graph cache keeps them for the next run).
@@ -72,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     t1 = time.perf_counter()
     first_token_s = None
     texts, tokens = [""] * len(prompts), [[] for _ in prompts]
-    for ev in llm.generate_stream(prompts, params, chat=chat):
+    for ev in llm.generate_stream(prompts, params, chat=chat, lora_request=lora):
         if first_token_s is None and ev.token_ids:
             first_token_s = time.perf_counter() - t1
         tokens[ev.index].extend(ev.token_ids)
@@ -119,3 +123,13 @@ def summary(llm, num_tokens: int, gen_s: float, start_s: float, first_token_s: f
             f"{stats['spec_mean_accepted_length']:.2f} tokens a verified row"
         )
     return line
+
+
+def parse_lora(text: str, lora_id: int = 1):
+    """``--lora NAME=PATH`` → a LoRARequest with id ``lora_id``."""
+    from graphrt.lora.request import LoRARequest
+
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise SystemExit(f"graphrt: --lora {text!r} must be NAME=PATH (a PEFT adapter directory)")
+    return LoRARequest(name, lora_id, path)

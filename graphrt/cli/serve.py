@@ -8,6 +8,7 @@ import signal
 import sys
 
 from graphrt.cli.common import add_model_args, llm_kwargs
+from graphrt.cli.generate import parse_lora
 
 
 def add_parser(sub) -> None:
@@ -21,6 +22,15 @@ def add_parser(sub) -> None:
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: from --model)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds in-flight requests get on SIGTERM")
     p.add_argument("--grammar-backend", default="in-graph", choices=["in-graph", "xgrammar-cpu"])
+    p.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="serve this PEFT LoRA adapter as model NAME (repeatable)",
+    )
+    p.add_argument("--max-loras", type=int, default=4, help="adapter slots: distinct adapters in one step")
+    p.add_argument("--max-lora-rank", type=int, default=16)
     p.set_defaults(func=run)
 
 
@@ -41,7 +51,12 @@ def run(args: argparse.Namespace) -> int:
     kwargs = llm_kwargs(args)
     kwargs["grammar_backend"] = args.grammar_backend
     kwargs["progress"] = False
+    loras = [parse_lora(text, i + 1) for i, text in enumerate(args.lora)]
+    if loras:
+        kwargs.update(enable_lora=True, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank)
     llm = LLM(**kwargs)
+    for lora in loras:  # a bad adapter stops the server before it serves
+        llm.engine.register_lora(lora)
     name = args.served_model_name or model_name(args.model)
     app = build_app(
         llm.engine,
@@ -50,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         max_queued=args.max_queued,
         max_body_bytes=args.max_request_bytes,
         shutdown_timeout=args.shutdown_timeout,
+        loras={lora.lora_name: lora for lora in loras},
     )
     config = uvicorn.Config(
         app,

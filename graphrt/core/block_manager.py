@@ -73,6 +73,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.tables: dict[str, list[int]] = {}
         self._hashes: dict[str, list[BlockHash]] = {}
+        self._salt: dict[str, object] = {}  # request → what its first block's hash starts from
         self.prefix_cache_hits = 0  # blocks reused from the cache
 
     @property
@@ -89,17 +90,19 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def match_prefix(self, request_id: str, token_ids: list[int], reuse: bool = True) -> int:
+    def match_prefix(self, request_id: str, token_ids: list[int], reuse: bool = True, salt=None) -> int:
         """On a request's first scheduling: take the cached blocks of its longest cached prefix
         (none when not ``reuse``). Returns the number of tokens they hold (never the last token:
-        it must be computed)."""
+        it must be computed). ``salt`` starts the chain of block hashes: requests share blocks only
+        under the same salt (the same LoRA adapter, or none)."""
         assert request_id not in self.tables
         self.tables[request_id] = []
         self._hashes[request_id] = []
+        self._salt[request_id] = salt
         if not self.enable_prefix_caching or not reuse:
             return 0
         bs = self.block_size
-        parent = None
+        parent = salt
         for i in range((len(token_ids) - 1) // bs):
             h = hash_block(parent, tuple(token_ids[i * bs : (i + 1) * bs]))
             block = self.pool.lookup(h)
@@ -134,7 +137,8 @@ class BlockManager:
             return
         hashes, table, bs = self._hashes[request_id], self.tables[request_id], self.block_size
         for i in range(len(hashes), min(num_computed // bs, len(table))):
-            h = hash_block(hashes[-1] if hashes else None, tuple(token_ids[i * bs : (i + 1) * bs]))
+            parent = hashes[-1] if hashes else self._salt.get(request_id)
+            h = hash_block(parent, tuple(token_ids[i * bs : (i + 1) * bs]))
             self.pool.register(table[i], h)
             hashes.append(h)
 
@@ -143,3 +147,4 @@ class BlockManager:
         for block in reversed(self.tables.pop(request_id, [])):
             self.pool.release(block)
         self._hashes.pop(request_id, None)
+        self._salt.pop(request_id, None)

@@ -31,6 +31,13 @@ class Request:
     draft_token_ids: list[int] = field(default_factory=list)  # proposed for the next step only
     num_draft_tokens: int = 0  # drafts scored so far
     num_accepted_tokens: int = 0  # drafts accepted so far
+    lora_id: int = 0  # the LoRA adapter's lora_int_id (0: the base model)
+    lora_slot: int = -1  # its adapter slot while the request runs
+
+    @property
+    def prefix_salt(self):
+        """What a cached block's hash starts from: KV blocks are shared within one adapter only."""
+        return ("lora", self.lora_id) if self.lora_id else None
 
     @property
     def all_token_ids(self) -> list[int]:

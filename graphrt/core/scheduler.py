@@ -73,9 +73,10 @@ class _RunnerView:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, adapters=None) -> None:
         self.config = config
         self.blocks = blocks
+        self.adapters = adapters  # a LoRAManager when LoRA adapters are served
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -100,6 +101,7 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self.blocks.free(request.request_id)
+        self._drop_adapter(request)
         self.requests.pop(request.request_id, None)
         if self._runner_view.pop(request.request_id, None) is not None:
             self._finished_since_step.add(request.request_id)
@@ -139,10 +141,16 @@ class Scheduler:
         preempted = self.num_preemptions != preemptions_before
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
+            if req.lora_id and req.lora_slot < 0:
+                slot = self.adapters.acquire(req.lora_id)
+                if slot is None:
+                    break  # every adapter slot is held by running requests of other adapters
+                req.lora_slot = slot
             fresh = req.request_id not in self.blocks.tables
             if fresh:  # prompt log-probabilities need every prompt position computed: no cached prefix
                 reuse = req.params.prompt_logprobs is None
-                req.num_computed_tokens = self.blocks.match_prefix(req.request_id, req.all_token_ids, reuse)
+                salt = req.prefix_salt
+                req.num_computed_tokens = self.blocks.match_prefix(req.request_id, req.all_token_ids, reuse, salt)
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             if self.blocks.allocate(req.request_id, req.num_computed_tokens + num_new) is None:
                 if fresh and not self.running:
@@ -151,6 +159,7 @@ class Scheduler:
                         f"({self.blocks.num_usable_blocks}); it should have been rejected at submission"
                     )
                 self.blocks.free(req.request_id)  # give back any prefix blocks it took
+                self._drop_adapter(req)
                 req.num_computed_tokens = 0
                 break
             self.waiting.popleft()
@@ -212,9 +221,15 @@ class Scheduler:
         drafts[req.request_id] = d
         return len(d)
 
+    def _drop_adapter(self, req: Request) -> None:
+        if req.lora_slot >= 0:
+            self.adapters.release(req.lora_id)
+            req.lora_slot = -1
+
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self.blocks.free(req.request_id)
+        self._drop_adapter(req)
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
         req.num_preemptions += 1

@@ -24,6 +24,7 @@ class AttentionInputs:
     query_start_loc: torch.Tensor  # [R + 1] int64, offsets of each row's tokens in the step
     token_req: torch.Tensor  # [T] int64, request row of each token, −1 for padding
     slot_mapping: torch.Tensor  # [T] int64, cache slot of each token, −1 for padding
+    lora_slot: torch.Tensor | None = None  # [T] int64, adapter slot of each token (−1: none), with LoRA
 
 
 def attention(q, k, v, k_cache, v_cache, attn: AttentionInputs, scale: float) -> torch.Tensor:

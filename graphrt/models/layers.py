@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from graphrt.kernels import canonical
+from graphrt.lora.projection import project
 from graphrt.models.config import RopeConfig
 
 
@@ -109,6 +110,7 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+    def forward(self, x: torch.Tensor, lora_slot: torch.Tensor | None = None) -> torch.Tensor:
+        """``lora_slot``: each token's adapter slot when the model serves LoRA adapters."""
+        gate, up = project(self.gate_up_proj, x, lora_slot).split(self.intermediate, dim=-1)
+        return project(self.down_proj, nn.functional.silu(gate) * up, lora_slot)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from graphrt.lora.projection import project
 from graphrt.models.attention import AttentionInputs, attention
 from graphrt.models.config import ModelConfig
 from graphrt.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
@@ -38,7 +39,7 @@ class Attention(nn.Module):
         attn: AttentionInputs,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = project(self.qkv_proj, x, attn.lora_slot).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
@@ -47,7 +48,7 @@ class Attention(nn.Module):
         cos, sin = cos_sin
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = attention(q, k, v, kv_cache[0], kv_cache[1], attn, self.scale)
-        return self.o_proj(out)
+        return project(self.o_proj, out, attn.lora_slot)
 
 
 class DecoderLayer(nn.Module):
@@ -60,7 +61,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, positions, cos_sin, kv_cache, attn):
         x = x + self.self_attn(self.input_layernorm(x), positions, cos_sin, kv_cache, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), attn.lora_slot)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -32,6 +32,7 @@ class ModelRunner:
         max_model_len: int,
         verify: StepModule | None = None,
         mtp: torch.nn.Module | None = None,
+        adapter_slots=None,
     ) -> None:
         self.steps = {"main": MainStep(step)}
         if verify is not None:
@@ -44,6 +45,7 @@ class ModelRunner:
         self.table = RequestTable(max_num_seqs, max_model_len, graphs.max_blocks)
         # (req_ids, samples) → [R, words] int32 bitmask or None; set by the engine for grammars
         self.bitmask_provider = None
+        self.adapter_slots = adapter_slots  # LoRA: each step's rows' adapter slots go into the model
 
     # --- the step -----------------------------------------------------------------------------
 
@@ -56,6 +58,8 @@ class ModelRunner:
         batch = step.prepare(self.table, out, self.bitmask_provider)
         key = self.graphs.dispatch(batch, step.kind)
         self.graphs.buffers(key).load(batch)
+        if self.adapter_slots is not None:
+            self.adapter_slots.load_rows(batch.lora_slots)
         result = step.read(batch, self.graphs.run(key, step.eager, self.kv_caches))
         self.step_times.record(key, time.perf_counter() - start)  # host work included
         return result

@@ -26,6 +26,7 @@ class RequestTable:
         self.top_p = np.ones(s, dtype=np.float32)
         self.min_p = np.zeros(s, dtype=np.float32)
         self.seed = np.zeros(s, dtype=np.int64)
+        self.lora_slot = np.full(s, -1, dtype=np.int64)  # adapter slot (−1: the base model)
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self.slot_of
@@ -47,6 +48,7 @@ class RequestTable:
         self.top_p[s] = p.top_p
         self.min_p[s] = p.min_p
         self.seed[s] = new.request.seed
+        self.lora_slot[s] = new.request.lora_slot
 
     def update(self, c: CachedRequestData) -> None:
         s = self.slot_of[c.request_id]

@@ -30,6 +30,7 @@ class StepBatch:
     num_drafts: np.ndarray | None = None  # verify steps: [R] int64
     hidden: torch.Tensor | None = None  # MTP steps: [T, H], each token's final hidden state
     draft_probs: torch.Tensor | None = None  # verify steps with MTP drafts: [R, K, V]
+    lora_slots: np.ndarray | None = None  # [R] int64: each row's adapter slot (−1: none)
 
     @property
     def num_tokens(self) -> int:

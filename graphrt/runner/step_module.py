@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from graphrt.kernels import canonical
+from graphrt.lora.projection import token_slots
 from graphrt.models.attention import AttentionInputs
 
 GRAMMAR_BACKENDS = ("in-graph", "xgrammar-cpu")
@@ -69,7 +70,8 @@ class StepModule(nn.Module):
         """The forward up to the logits at ``logits_indices``, the grammar bitmask still to apply,
         and the final hidden states."""
         slot_mapping = canonical.slot_mapping(positions, token_req, block_tables, self.block_size)
-        attn = AttentionInputs(block_tables, seq_lens, query_start_loc, token_req, slot_mapping)
+        lora = token_slots(self.model, token_req)  # None without adapters
+        attn = AttentionInputs(block_tables, seq_lens, query_start_loc, token_req, slot_mapping, lora)
         hidden = self.model(input_ids, positions, kv_caches, attn)
         logits = self.model.compute_logits(hidden, logits_indices)
         if self.grammar_backend == "xgrammar-cpu":  # the reference: a host round trip of the logits

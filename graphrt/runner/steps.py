@@ -65,6 +65,7 @@ class MainStep:
             offsets=seq_lens,
             bitmask=bitmask,
             samples=samples,
+            lora_slots=t.lora_slot[slots],
         )
 
     def read(self, batch: StepBatch, outputs) -> ModelRunnerOutput:

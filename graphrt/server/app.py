@@ -43,9 +43,12 @@ def build_app(
     max_queued: int = 128,
     max_body_bytes: int = 4 << 20,
     shutdown_timeout: float = 5.0,
+    loras: dict | None = None,
 ) -> FastAPI:
-    """The app serving ``engine`` (an LLMEngine, started) under ``model_name``. The engine
-    thread starts with the app and stops (aborting what still runs) when the app shuts down."""
+    """The app serving ``engine`` (an LLMEngine, started) under ``model_name``, and each LoRA
+    adapter of ``loras`` (name → LoRARequest, registered with the engine) under its own name. The
+    engine thread starts with the app and stops (aborting what still runs) when the app shuts down."""
+    loras = loras or {}
     metrics = ServerMetrics()
     loop = EngineLoop(engine, max_queued=max_queued, metrics=metrics)
     metrics.watch_engine(lambda: loop.stats)
@@ -111,26 +114,34 @@ def build_app(
     async def models():
         card = {"id": model_name, "object": "model", "created": 0, "owned_by": "graphrt"}
         card["max_model_len"] = engine.max_model_len
-        return {"object": "list", "data": [card]}
+        adapters = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "graphrt", "parent": model_name} for name in loras
+        ]
+        return {"object": "list", "data": [card, *adapters]}
 
-    def check_model(name: str | None) -> None:
-        if name is not None and name != model_name:
-            raise ServerError(
-                404,
-                f"model {name!r} does not exist; this server serves {model_name!r}",
-                "NotFoundError",
-                "model",
-                "model_not_found",
-            )
+    def check_model(name: str | None):
+        """The LoRARequest ``name`` selects (None: the base model)."""
+        if name is None or name == model_name:
+            return None
+        if name in loras:
+            return loras[name]
+        served = [model_name, *loras]
+        raise ServerError(
+            404,
+            f"model {name!r} does not exist; this server serves {served}",
+            "NotFoundError",
+            "model",
+            "model_not_found",
+        )
 
     async def submit(body, prompts: list, chat: bool) -> Submission:
-        check_model(body.model)
+        lora = check_model(body.model)
         try:
             params = body.sampling()  # one per choice
             # OpenAI's choice order: prompt by prompt, the n choices of each
             all_prompts = [prompt for prompt in prompts for _ in params]
             all_params = [p for _ in prompts for p in params]
-            return await loop.submit(all_prompts, all_params, chat=chat)
+            return await loop.submit(all_prompts, all_params, chat=chat, lora=lora)
         except BadField:
             raise
         except InvalidRequestError as e:

@@ -106,8 +106,11 @@ class EngineLoop:
     def num_waiting(self) -> int:
         return self._pending + self.stats.get("requests_waiting", 0)
 
-    async def submit(self, prompts: list[Any], params: list[dict[str, Any]], chat: bool = False) -> Submission:
-        """Tokenize, validate and queue one request per (prompt, params) pair, all or none.
+    async def submit(
+        self, prompts: list[Any], params: list[dict[str, Any]], chat: bool = False, lora=None
+    ) -> Submission:
+        """Tokenize, validate and queue one request per (prompt, params) pair, all or none (with
+        the LoRA adapter ``lora`` selects, if any).
         ``params[i]["max_tokens"]`` None means "up to max_model_len". Raises
         InvalidRequestError, QueueFullError or EngineStoppedError."""
         with self._lock:
@@ -121,7 +124,7 @@ class EngineLoop:
         loop = asyncio.get_running_loop()
         arrival = time.perf_counter()
         try:
-            return await self._call(lambda: self._add(prompts, params, chat, loop, arrival))
+            return await self._call(lambda: self._add(prompts, params, chat, loop, arrival, lora))
         finally:
             with self._lock:
                 self._pending -= len(prompts)
@@ -200,7 +203,7 @@ class EngineLoop:
         self._publish()
         self._snapshot()
 
-    def _add(self, prompts, params, chat, loop, arrival) -> Submission:
+    def _add(self, prompts, params, chat, loop, arrival, lora=None) -> Submission:
         engine = self.engine
         prepared = []
         for i, (prompt, values) in enumerate(zip(prompts, params)):
@@ -217,7 +220,7 @@ class EngineLoop:
             prepared.append((ids, sp))
         submission = Submission([], asyncio.Queue())
         for index, (ids, sp) in enumerate(prepared):
-            stream = RequestStream(index, engine.add_request(ids, sp), ids)
+            stream = RequestStream(index, engine.add_request(ids, sp, lora_request=lora), ids)
             self._active[stream.request_id] = _Active(stream, submission.queue, loop, arrival)
             submission.streams.append(stream)
             if self.metrics is not None:

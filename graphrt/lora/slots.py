@@ -1,0 +1,70 @@
+"""AdapterSlots: the fixed LoRA buffers of a model — graph inputs like its weights — and the
+copy that puts an adapter into a slot. Filling a slot never changes a graph."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graphrt.lora.adapter import PARTS, TARGETS, Adapter, part_shapes
+from graphrt.models.config import ModelConfig
+from graphrt.sampling_params import InvalidRequestError
+
+
+class AdapterSlots:
+    def __init__(self, model: nn.Module, cfg: ModelConfig, num_slots: int, max_rank: int, max_rows: int) -> None:
+        layers = getattr(model, "layers", None)
+        if layers is None or not all(_has_targets(layer) for layer in layers):
+            raise InvalidRequestError(
+                f"LoRA needs a Llama-family model (Llama, Qwen2, Qwen3); {type(model).__name__} is not one"
+            )
+        self.cfg, self.num_slots, self.max_rank = cfg, num_slots, max_rank
+        self.modules: dict[tuple[int, str], nn.Linear] = {}
+        weight = model.layers[0].self_attn.qkv_proj.weight
+        for i, layer in enumerate(layers):
+            for path, parts in PARTS.items():
+                linear = layer.get_submodule(path)
+                width = num_slots * parts * max_rank
+                linear.register_buffer("lora_a", torch.zeros(width, linear.in_features, dtype=weight.dtype))
+                linear.register_buffer("lora_b", torch.zeros(linear.out_features, width, dtype=weight.dtype))
+                linear.lora_num_slots = num_slots
+                self.modules[(i, path)] = linear
+        # the adapter slot of each row of a step (−1: none), written before every step
+        model.register_buffer("lora_row_slot", torch.full((max_rows,), -1, dtype=torch.int64), persistent=False)
+        self.row_slot = model.lora_row_slot
+
+    def fill(self, slot: int, adapter: Adapter) -> None:
+        """Put ``adapter`` into ``slot`` (what the slot held before is gone)."""
+        r = self.max_rank
+        for (_, path), linear in self.modules.items():
+            cols = slice(slot * PARTS[path] * r, (slot + 1) * PARTS[path] * r)
+            linear.lora_a[cols].zero_()
+            linear.lora_b[:, cols].zero_()
+        for (layer, module), (a, b) in adapter.weights.items():
+            path, part = TARGETS[module]
+            linear = self.modules[(layer, path)]
+            start = (slot * PARTS[path] + part) * r
+            rows = part_rows(self.cfg, path, part)
+            linear.lora_a[start : start + adapter.rank].copy_(a)
+            linear.lora_b[rows, start : start + adapter.rank].copy_(b)
+
+    def load_rows(self, slots) -> None:
+        """The step's rows' slots (numpy [R]); the rest of the buffer says none."""
+        n = len(slots)
+        self.row_slot[:n].copy_(torch.from_numpy(slots))
+        self.row_slot[n:].fill_(-1)
+
+
+def _has_targets(layer: nn.Module) -> bool:
+    try:
+        return all(isinstance(layer.get_submodule(p), nn.Linear) for p in PARTS)
+    except AttributeError:
+        return False
+
+
+def part_rows(cfg: ModelConfig, path: str, part: int) -> slice:
+    """The output rows of one PEFT module within its (stacked) graphrt projection."""
+    outs = part_shapes(cfg)
+    stacked = sorted((j, m) for m, (p, j) in TARGETS.items() if p == path)
+    start = sum(outs[m][1] for j, m in stacked if j < part)
+    return slice(start, start + outs[stacked[part][1]][1])

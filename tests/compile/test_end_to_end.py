@@ -28,9 +28,15 @@ def op_counts(llm):
 @pytest.mark.parametrize("name", ["llama_gqa", "qwen2_tied", "qwen3", "deepseek_v3"])
 def test_compiled_graphs_are_fused_and_exact(tiny_model, name, tmp_path):
     path = tiny_model(name)
-    compiled = graphrt.LLM(path, progress=False, graph_cache=str(tmp_path / "graphs"), **OPTS)
+    # the Llama builds a decode graph and a mixed one; the others one mixed graph, which their
+    # decode steps replay too (padded): the fusions do not depend on the shape, compiles cost
+    sizes = SIZES if name == "llama_gqa" else CaptureSizes(decode=(), mixed=(32,))
+    graphs = len(sizes.decode) + len(sizes.mixed)
+    compiled = graphrt.LLM(
+        path, progress=False, graph_cache=str(tmp_path / "graphs"), **{**OPTS, "capture_sizes": sizes}
+    )
     stats = compiled.stats()
-    assert stats["compiles"] == 2
+    assert stats["compiles"] == graphs
     cfg = compiled.engine.loaded.config
     attention = "graphrt.mla_attention.default" if cfg.mla else "graphrt.paged_attention.default"
     for graph, counts in op_counts(compiled).items():
@@ -46,7 +52,7 @@ def test_compiled_graphs_are_fused_and_exact(tiny_model, name, tmp_path):
     assert got == [o.token_ids for o in eager.generate(prompts, GREEDY)]
     assert got == [hf_greedy(path, p, 16) for p in prompts]
     after = compiled.stats()
-    assert after["compiles"] == 2 and after["graph_misses"] == 0 and after["graph_hits"] > 0
+    assert after["compiles"] == graphs and after["graph_misses"] == 0 and after["graph_hits"] > 0
     assert after["free_blocks"] == after["total_blocks"]
     # seeded sampling is the same in graph and eager mode
     params = [

@@ -1,17 +1,19 @@
 """A projection with its LoRA delta, for every token's adapter at once (graph-safe).
 
-Each LoRA-enabled ``nn.Linear`` carries two buffers: ``lora_a`` [S·P·R, in] and ``lora_b``
-[out, S·P·R], where S is the number of adapter slots, P the PEFT modules its output stacks (q/k/v:
-3) and R ``max_lora_rank``; slot s owns the columns s·P·R … (s+1)·P·R (zero-padded ranks, B
-block-diagonal over the parts, the scaling folded in). Then for tokens with slots ``token_slot``
-(−1: none)::
+Each LoRA-enabled ``nn.Linear`` carries ``lora_a`` [P·S·R, in] and one ``lora_b{j}`` [out_j, S·R]
+per part j of its output (P parts: q/k/v of ``qkv_proj``, gate/up of ``gate_up_proj``, else one),
+where S is the number of adapter slots and R ``max_lora_rank``. Columns are part-major: part j of
+slot s owns columns (j·S + s)·R … +R of A's rows and s·R … +R of ``lora_b{j}`` (ranks below R
+zero-padded, the scaling folded into B). For tokens with slots ``token_slot`` (−1: none)::
 
-    y = x Wᵀ + ((x A_allᵀ) ⊙ M) B_allᵀ,   M[t, c] = [token_slot[t] == c // (P·R)]
+    h = (x A_allᵀ) ⊙ M,   M[t, c] = [token_slot[t] == (c // R) mod S]
+    y = x Wᵀ + concat_j(h_j B_jᵀ)
 
-two skinny matmuls over every resident adapter and a mask: no gather, no loop, no data-dependent
+skinny matmuls over every resident adapter and a mask: no gather, no loop, no data-dependent
 shape, so one graph serves every mix of adapters. Each adapter's weights are read once a step
-whatever the number of its tokens (the "punica" idea without its segment kernel). A token
-without an adapter gets exactly ``+ 0``: its output equals the base model's bit for bit.
+whatever the number of its tokens (the "punica" idea without its segment kernel), and no zero
+block of a stacked projection is read. A token without an adapter gets exactly ``+ 0``: its
+output equals the base model's bit for bit.
 """
 
 from __future__ import annotations
@@ -25,12 +27,16 @@ def project(linear: nn.Linear, x: torch.Tensor, token_slot: torch.Tensor | None)
     lora_a = getattr(linear, "lora_a", None)
     if lora_a is None or token_slot is None:
         return y
-    width = lora_a.shape[0]
-    per_slot = width // linear.lora_num_slots
-    columns = torch.arange(width, device=x.device) // per_slot
-    mask = (token_slot[:, None] == columns[None, :]).to(x.dtype)
-    h = nn.functional.linear(x, lora_a) * mask
-    return y + nn.functional.linear(h, linear.lora_b)
+    slots, rank, parts = linear.lora_num_slots, linear.lora_rank, linear.lora_parts
+    columns = (torch.arange(lora_a.shape[0], device=x.device) // rank) % slots
+    h = nn.functional.linear(x, lora_a) * (token_slot[:, None] == columns[None, :]).to(x.dtype)
+    if parts == 1:
+        return y + nn.functional.linear(h, linear.lora_b0)
+    width = slots * rank
+    deltas = [
+        nn.functional.linear(h[:, j * width : (j + 1) * width], getattr(linear, f"lora_b{j}")) for j in range(parts)
+    ]
+    return y + torch.cat(deltas, dim=-1)
 
 
 def token_slots(model: nn.Module, token_req: torch.Tensor) -> torch.Tensor | None:

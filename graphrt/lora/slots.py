@@ -24,10 +24,13 @@ class AdapterSlots:
         for i, layer in enumerate(layers):
             for path, parts in PARTS.items():
                 linear = layer.get_submodule(path)
-                width = num_slots * parts * max_rank
-                linear.register_buffer("lora_a", torch.zeros(width, linear.in_features, dtype=weight.dtype))
-                linear.register_buffer("lora_b", torch.zeros(linear.out_features, width, dtype=weight.dtype))
-                linear.lora_num_slots = num_slots
+                width = num_slots * max_rank
+                linear.register_buffer("lora_a", torch.zeros(parts * width, linear.in_features, dtype=weight.dtype))
+                for j in range(parts):  # one B per part of the output: a stacked B would be mostly zeros
+                    rows = part_rows(cfg, path, j)
+                    b = torch.zeros(rows.stop - rows.start, width, dtype=weight.dtype)
+                    linear.register_buffer(f"lora_b{j}", b)
+                linear.lora_num_slots, linear.lora_rank, linear.lora_parts = num_slots, max_rank, parts
                 self.modules[(i, path)] = linear
         # the adapter slot of each row of a step (−1: none), written before every step
         model.register_buffer("lora_row_slot", torch.full((max_rows,), -1, dtype=torch.int64), persistent=False)
@@ -35,18 +38,17 @@ class AdapterSlots:
 
     def fill(self, slot: int, adapter: Adapter) -> None:
         """Put ``adapter`` into ``slot`` (what the slot held before is gone)."""
-        r = self.max_rank
+        r, s = self.max_rank, self.num_slots
         for (_, path), linear in self.modules.items():
-            cols = slice(slot * PARTS[path] * r, (slot + 1) * PARTS[path] * r)
-            linear.lora_a[cols].zero_()
-            linear.lora_b[:, cols].zero_()
+            for j in range(PARTS[path]):
+                linear.lora_a[(j * s + slot) * r : (j * s + slot + 1) * r].zero_()
+                getattr(linear, f"lora_b{j}")[:, slot * r : (slot + 1) * r].zero_()
         for (layer, module), (a, b) in adapter.weights.items():
             path, part = TARGETS[module]
             linear = self.modules[(layer, path)]
-            start = (slot * PARTS[path] + part) * r
-            rows = part_rows(self.cfg, path, part)
+            start = (part * s + slot) * r
             linear.lora_a[start : start + adapter.rank].copy_(a)
-            linear.lora_b[rows, start : start + adapter.rank].copy_(b)
+            getattr(linear, f"lora_b{part}")[:, slot * r : slot * r + adapter.rank].copy_(b)
 
     def load_rows(self, slots) -> None:
         """The step's rows' slots (numpy [R]); the rest of the buffer says none."""

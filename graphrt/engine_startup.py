@@ -191,7 +191,7 @@ class EngineStartup:
         lora, cfg = self.config.lora, self.loaded.config
         if cfg.mla is not None or cfg.moe is not None:
             raise ValueError(f"LoRA serves the Llama family (Llama, Qwen2, Qwen3), not {cfg.architecture}")
-        slots = AdapterSlots(self.loaded.model, cfg, lora.max_loras, lora.max_lora_rank, max_rows)
+        slots = AdapterSlots(self.loaded.model, cfg, lora.max_loras, lora.max_lora_rank, max_rows, lora.target_modules)
         return LoRAManager(slots, cfg, self.dtype)
 
     def _check_shipped_settings(self) -> None:

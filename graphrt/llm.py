@@ -46,6 +46,7 @@ class LLM:
         enable_lora: bool = False,
         max_loras: int = 4,
         max_lora_rank: int = 16,
+        lora_target_modules: Sequence[str] | None = None,
     ) -> None:
         """Load ``model`` and start serving it. Settings left as None come from a shipped graph
         cache (``graph_cache=DIR``, as ``graphrt precompile`` wrote it) when there is one, else
@@ -73,7 +74,9 @@ class LLM:
             rebuild_graph_cache,
             SpeculativeConfig.from_dict(speculative_config),
             torchair_mode,
-            LoRAConfig(max_loras, max_lora_rank) if enable_lora else None,
+            LoRAConfig(max_loras, max_lora_rank, *([tuple(lora_target_modules)] if lora_target_modules else []))
+            if enable_lora
+            else None,
         )
         self.engine = LLMEngine(config).start()
 

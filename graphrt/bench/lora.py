@@ -13,6 +13,7 @@ from graphrt.bench.common import machine_facts, median, print_facts
 from graphrt.bench.decode import random_prompts, run_graphrt
 
 TARGETS = {
+    "qv": ("q_proj", "v_proj"),  # PEFT's default for the Llama family
     "attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
     "all": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
 }
@@ -69,7 +70,9 @@ def bench_lora(
         progress=True,
     )
     base = LLM(model, **common)
-    lora = LLM(model, enable_lora=True, max_loras=adapters, max_lora_rank=rank, **common)
+    lora = LLM(
+        model, enable_lora=True, max_loras=adapters, max_lora_rank=rank, lora_target_modules=TARGETS[targets], **common
+    )
     cfg = base.engine.loaded.config
     prompts = random_prompts(batch, prompt_len, cfg.vocab_size, seed=batch)
     with tempfile.TemporaryDirectory() as tmp:

@@ -44,7 +44,9 @@ def add_parser(sub) -> None:
                 metavar="N",
                 help="instead: decode with N LoRA adapters (rank 16) spread over the largest batch, against the base",
             )
-            k.add_argument("--lora-targets", default="all", choices=["all", "attn"], help="the adapters' modules")
+            k.add_argument(
+                "--lora-targets", default="all", choices=["all", "attn", "qv"], help="the modules LoRA is served on"
+            )
             k.add_argument(
                 "--vs-llamacpp",
                 action="store_true",

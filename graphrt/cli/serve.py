@@ -31,6 +31,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--max-loras", type=int, default=4, help="adapter slots: distinct adapters in one step")
     p.add_argument("--max-lora-rank", type=int, default=16)
+    p.add_argument(
+        "--lora-target-modules",
+        default=None,
+        help="comma-separated PEFT modules adapters may target (default: q/k/v/o and gate/up/down)",
+    )
     p.set_defaults(func=run)
 
 
@@ -54,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     loras = [parse_lora(text, i + 1) for i, text in enumerate(args.lora)]
     if loras:
         kwargs.update(enable_lora=True, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank)
+        if args.lora_target_modules:
+            kwargs["lora_target_modules"] = [m for m in args.lora_target_modules.split(",") if m]
     llm = LLM(**kwargs)
     for lora in loras:  # a bad adapter stops the server before it serves
         llm.engine.register_lora(lora)

@@ -28,9 +28,9 @@ class LoRAManager:
         naming the file otherwise); returns its id."""
         known = self.adapters.get(lora.lora_int_id)
         if known is None:
-            self.adapters[lora.lora_int_id] = load_adapter(
-                lora.lora_name, lora.lora_path, self.cfg, self.slots.max_rank, self.dtype
-            )
+            adapter = load_adapter(lora.lora_name, lora.lora_path, self.cfg, self.slots.max_rank, self.dtype)
+            self.slots.check(adapter)
+            self.adapters[lora.lora_int_id] = adapter
         elif known.path != lora.lora_path:
             raise InvalidRequestError(
                 f"lora_int_id {lora.lora_int_id} is already adapter {known.name!r} from {known.path}, "

@@ -1,10 +1,11 @@
 """A projection with its LoRA delta, for every token's adapter at once (graph-safe).
 
 Each LoRA-enabled ``nn.Linear`` carries ``lora_a`` [P·S·R, in] and one ``lora_b{j}`` [out_j, S·R]
-per part j of its output (P parts: q/k/v of ``qkv_proj``, gate/up of ``gate_up_proj``, else one),
+per part j of its output LoRA is served on (P such parts: of q/k/v in ``qkv_proj``, gate/up in
+``gate_up_proj``, else the one; a part not served gets no buffer and a zero delta),
 where S is the number of adapter slots and R ``max_lora_rank``. Columns are part-major: part j of
 slot s owns columns (j·S + s)·R … +R of A's rows and s·R … +R of ``lora_b{j}`` (ranks below R
-zero-padded, the scaling folded into B). For tokens with slots ``token_slot`` (−1: none)::
+zero-padded, the scaling folded into B; j counts served parts). For tokens with slots ``token_slot`` (−1: none)::
 
     h = (x A_allᵀ) ⊙ M,   M[t, c] = [token_slot[t] == (c // R) mod S]
     y = x Wᵀ + concat_j(h_j B_jᵀ)
@@ -30,12 +31,13 @@ def project(linear: nn.Linear, x: torch.Tensor, token_slot: torch.Tensor | None)
     slots, rank, parts = linear.lora_num_slots, linear.lora_rank, linear.lora_parts
     columns = (torch.arange(lora_a.shape[0], device=x.device) // rank) % slots
     h = nn.functional.linear(x, lora_a) * (token_slot[:, None] == columns[None, :]).to(x.dtype)
-    if parts == 1:
+    sizes = linear.lora_part_sizes
+    if len(sizes) == 1:
         return y + nn.functional.linear(h, linear.lora_b0)
     width = slots * rank
-    deltas = [
-        nn.functional.linear(h[:, j * width : (j + 1) * width], getattr(linear, f"lora_b{j}")) for j in range(parts)
-    ]
+    deltas = [x.new_zeros(x.shape[0], n) for n in sizes]  # parts LoRA is not served on stay as they are
+    for i, j in enumerate(parts):
+        deltas[j] = nn.functional.linear(h[:, i * width : (i + 1) * width], getattr(linear, f"lora_b{j}"))
     return y + torch.cat(deltas, dim=-1)
 
 

@@ -173,3 +173,21 @@ def test_bad_lora_settings(tiny_model):
         make_llm(tiny_model("deepseek_v3"), enable_lora=True, **OPTS)
     with pytest.raises(InvalidRequestError, match="lora_int_id 0 must be an integer >= 1"):
         LoRARequest("x", 0, "/p")
+
+
+def test_lora_served_on_chosen_modules_only(tiny_model, adapter_root):
+    base = "llama_gqa"
+    qv = make_adapter(adapter_root, base, ATTN, 4, 8, seed=4)
+    llm = make_llm(tiny_model(base), enable_lora=True, lora_target_modules=["q_proj", "v_proj"], **OPTS)
+    layer = llm.engine.loaded.model.layers[0]
+    assert not hasattr(layer.mlp.down_proj, "lora_a") and not hasattr(layer.self_attn.o_proj, "lora_a")
+    assert layer.self_attn.qkv_proj.lora_parts == (0, 2)  # q and v, not k
+    prompts = random_prompts([6, 12], seed=5)
+    got = llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=LoRARequest("qv", 1, qv))
+    assert [o.token_ids for o in got] == [peft_greedy(base, qv, p, 8) for p in prompts]
+    wide = make_adapter(adapter_root, base, ALL, 4, 8, seed=5)
+    served = r"it targets \['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'up_proj'\]; this engine serves LoRA on"
+    with pytest.raises(InvalidRequestError, match=served):
+        llm.generate([[5, 6]], GREEDY, use_tqdm=False, lora_request=LoRARequest("wide", 2, wide))
+    with pytest.raises(ValueError, match=r"lora_target_modules \['lm_head'\] must be a non-empty subset"):
+        make_llm(tiny_model(base), enable_lora=True, lora_target_modules=["lm_head"], **OPTS)

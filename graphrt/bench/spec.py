@@ -46,7 +46,7 @@ def fitting_repetitive_prompt(llm, gen_len: int) -> str:
     return repetitive_prompt(4)
 
 
-def _engines(model, dtype: str, batch_sizes: list[int], ks: list[int], budget: int):
+def _engines(model, dtype: str, batch_sizes: list[int], ks: list[int], budget: int, backend: str = "inductor"):
     from graphrt.llm import LLM
     from graphrt.loader import load_model
     from graphrt.runner.graph_cache import CaptureSizes
@@ -59,6 +59,7 @@ def _engines(model, dtype: str, batch_sizes: list[int], ks: list[int], budget: i
         max_num_batched_tokens=budget,
         capture_sizes=CaptureSizes(decode=tuple(sorted(set(batch_sizes))), mixed=(budget,)),
         progress=False,
+        backend=backend,
     )
     engines = {"plain": LLM(model, **common)}
     for k in ks:
@@ -93,11 +94,15 @@ def _step_costs(llm, k: int, rows: int, repeats: int = 30) -> dict:
     return out
 
 
-def bench_spec(model, dtype: str, batch_sizes: list[int], ks: list[int], gen_len: int, rounds: int = 2) -> dict:
+def bench_spec(
+    model, dtype: str, batch_sizes: list[int], ks: list[int], gen_len: int, rounds: int = 2, backend: str = "inductor"
+) -> dict:
+    """``backend``: the graphs' inner backend (``eager`` replays the rewritten graphs as Python: a
+    quick check of the plumbing, not a speed measurement)."""
     from graphrt.sampling_params import SamplingParams
 
     budget = 256
-    engines = _engines(model, dtype, batch_sizes, ks, budget)
+    engines = _engines(model, dtype, batch_sizes, ks, budget, backend)
     params = SamplingParams(max_tokens=gen_len, temperature=0, ignore_eos=True)
     sets = {"repetitive": ([fitting_repetitive_prompt(engines["plain"], gen_len)], False), "ordinary": (CHAT, True)}
     results, outputs = [], {}

@@ -66,6 +66,9 @@ def add_parser(sub) -> None:
             k.add_argument("--gen-len", type=int, default=128)
             k.add_argument("--method", default="ngram", choices=["ngram", "mtp"])
             k.add_argument(
+                "--backend", default="inductor", choices=["inductor", "eager"], help="ngram: the graphs' inner backend"
+            )
+            k.add_argument(
                 "--layers", type=int, default=8, help="mtp without --model: layers of the random DeepSeek-V3"
             )
         if name == "serve":
@@ -124,7 +127,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             from graphrt.bench.spec import bench_spec
 
-            result = bench_spec(args.model, args.dtype, args.batch_sizes, args.ks or [3, 5], args.gen_len)
+            result = bench_spec(
+                args.model, args.dtype, args.batch_sizes, args.ks or [3, 5], args.gen_len, backend=args.backend
+            )
     elif args.bench == "serve":
         from graphrt.bench.serve import bench_serve
 

@@ -50,12 +50,15 @@ def test_prompt_logprobs_match_transformers_through_chunks_caches_and_batches(ti
     assert llm.stats()["prefix_cache_hits"] > hits
 
 
-def test_prompt_logprobs_in_compiled_graphs(tiny_model):
+def test_prompt_logprobs_in_captured_graphs(tiny_model):
+    """The hidden states every step graph returns carry the prompt positions: graphs captured and
+    rewritten by the passes, replayed as Python (Inductor's code for them is the end-to-end tests')."""
     path = tiny_model("qwen3")
     sizes = CaptureSizes(decode=(2,), mixed=(32,))
     llm = make_llm(
         path,
         compile=True,
+        backend="eager",
         max_num_seqs=2,
         max_num_batched_tokens=32,
         capture_sizes=sizes,

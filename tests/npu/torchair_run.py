@@ -55,8 +55,9 @@ def run(root: str, name: str, with_tokens: bool) -> dict:
     if with_tokens:
         out["max-autotune"] = outputs(llm)
         del llm
-        out["reduce-overhead"] = outputs(graphrt.LLM(path, backend="torchair", torchair_mode="reduce-overhead", **opts))
-        out["eager"] = outputs(graphrt.LLM(path, backend="eager", **opts))
+        # (without drafts: n-gram speculation emits plain decoding's tokens, greedy and seeded alike)
+        out["reduce-overhead"] = outputs(graphrt.LLM(path, backend="torchair", torchair_mode="reduce-overhead", **OPTS))
+        out["eager"] = outputs(graphrt.LLM(path, backend="eager", **OPTS))
     return out
 
 

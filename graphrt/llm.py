@@ -19,6 +19,15 @@ from graphrt.spec.config import SpeculativeConfig
 Prompt = str | list[int]
 
 
+def per_prompt_values(value, n: int, what: str) -> list:
+    """One value for every prompt, or a list of one per prompt (its length checked)."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise InvalidRequestError(f"got {len(value)} {what} for {n} prompts")
+        return list(value)
+    return [value] * n
+
+
 class LLM:
     def __init__(
         self,
@@ -99,18 +108,8 @@ class LLM:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # one prompt
         prompts = list(prompts)
-        if isinstance(lora_request, (list, tuple)):
-            if len(lora_request) != len(prompts):
-                raise InvalidRequestError(f"got {len(lora_request)} LoRA requests for {len(prompts)} prompts")
-            loras = list(lora_request)
-        else:
-            loras = [lora_request] * len(prompts)
-        if isinstance(params, (list, tuple)):
-            if len(params) != len(prompts):
-                raise InvalidRequestError(f"got {len(params)} sampling params for {len(prompts)} prompts")
-            per_prompt = list(params)
-        else:
-            per_prompt = [params] * len(prompts)
+        loras = per_prompt_values(lora_request, len(prompts), "LoRA requests")
+        per_prompt = per_prompt_values(params, len(prompts), "sampling params")
         # Validate everything before queueing anything: a bad prompt rejects the whole call and
         # leaves the engine serving whatever else it runs.
         token_ids = []

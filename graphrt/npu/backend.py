@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import pathlib
 import re
 import tempfile
@@ -99,15 +100,24 @@ def compile_step(gm: fx.GraphModule, example_inputs: list, mode: str = "max-auto
         from graphrt.kernels.npu import register_npu_kernels
 
         register_npu_kernels()
-    with tempfile.TemporaryDirectory(prefix="graphrt-torchair-") as dump:
-        cfg = compiler_config(torchair, mode, dump if mode == "max-autotune" else None, on_npu)
+    # GE graphs are dumped (and their operators listed) off the NPU, where converting is the point,
+    # and on an NPU when GRAPHRT_TORCHAIR_DUMP names a folder to keep the dumps in
+    keep = os.environ.get("GRAPHRT_TORCHAIR_DUMP")
+    with tempfile.TemporaryDirectory(prefix="graphrt-torchair-") as tmp:
+        dump = keep or tmp
+        if keep:
+            os.makedirs(keep, exist_ok=True)
+        listed = mode == "max-autotune" and (not on_npu or keep)
+        cfg = compiler_config(torchair, mode, dump if listed else None, on_npu)
         backend = torchair.get_npu_backend(compiler_config=cfg, custom_decompositions=npu_ge.decompositions())
         # off the NPU, TorchAir's ACL path (and the code it generates) imports torch_npu even for an eager replay
         replay = standins.acl_replay_stand_ins if mode != "max-autotune" and not on_npu else nullcontext
         try:
             with replay():
                 fn = backend(gm, example_inputs)
+        except standins.NoNPU:
+            raise
         except (NotImplementedError, RuntimeError, TypeError) as e:
             raise TorchAirConversionError(f"{failing_op(e)} could not be lowered by TorchAir ({mode}): {e}") from e
-        ops, text = read_ir(pathlib.Path(dump)) if mode == "max-autotune" else (collections.Counter(), "")
+        ops, text = read_ir(pathlib.Path(dump)) if listed else (collections.Counter(), "")
     return TorchAirGraph(fn, mode, ops, text, replay)

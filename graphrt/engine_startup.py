@@ -90,10 +90,10 @@ class EngineStartup:
 
     def open_graph_cache(self) -> None:
         """The graph store: the per-user cache by default, a shipped directory when given (its
-        recorded settings are read here), none when graphs are not AOTInductor packages."""
+        recorded settings are read here), none for the eager backend (nothing to keep)."""
         c = self.config
         self.shipped_dir = isinstance(c.graph_cache, (str, os.PathLike))
-        uses_store = c.compile and c.backend == "inductor" and c.graph_cache is not False
+        uses_store = c.compile and c.backend in ("inductor", "torchair") and c.graph_cache is not False
         root = os.fspath(c.graph_cache) if self.shipped_dir else default_graph_cache_dir()
         self.store = ArtifactStore(root, c.strict_graph_cache) if uses_store else None
         recorded = self.store.settings() if self.store is not None and self.shipped_dir else None

@@ -68,7 +68,7 @@ class GraphBuilder:
         self.steps = step if isinstance(step, dict) else {"main": step}
         self.step = self.steps["main"]
         self.kv_caches, self.passes, self.backend = kv_caches, passes, backend
-        self.store = store if backend == "inductor" else None  # eager / torchair keep no artifacts
+        self.store = store if backend in ("inductor", "torchair") else None  # the eager backend keeps none
         self.model_key = model_key
         self.inner_options = inner_options or {}  # the inner backend's settings (torchair_mode)
         self.weights = dict([*self.step.named_parameters(), *self.step.named_buffers()])
@@ -90,6 +90,7 @@ class GraphBuilder:
             "step": step_variant(self.steps[key.kind]),
             "model": self.model_key,
             "passes": self.passes.uuid(),
+            "inner": self.inner_options,
             "inputs": self.signature(bufs, free),
             **environment(),
         }
@@ -117,6 +118,8 @@ class GraphBuilder:
             step = self.steps[key.kind]
             graph = capture(step, bufs.args(), self.kv_caches, self.passes, self.backend, key.name, self.inner_options)
             return graph, "compiled", time.perf_counter() - start
+        if self.backend == "torchair":
+            return self.start_torchair(key, bufs, start)
         hit = self.cached(key, bufs)
         if hit is not None:
             return self.load(key, bufs, hit), "loaded", time.perf_counter() - start
@@ -134,6 +137,33 @@ class GraphBuilder:
             self.store.discard(tmp)
             raise
         return PendingGraph(key, bufs, ckey, tmp, build, graph, start)
+
+    def start_torchair(self, key: GraphKey, bufs: InputBuffers, start: float):
+        """TorchAir graphs in the graph cache: TorchAir's generated code holding the GE graph
+        (max-autotune), converted wherever TorchAir imports and loaded on an NPU. Off the NPU a
+        cached graph cannot run: the step is converted again for the eager replay, and the entry
+        stays as it is."""
+        from graphrt.npu import backend as npu_backend
+        from graphrt.npu import torchair_package
+
+        hit = self.cached(key, bufs)
+        if hit is not None and torchair_package.has_torch_npu():
+            path, entry = hit
+            inputs = [self.resolve(tuple(s), bufs) for s in entry["sources"]]
+            graph = LoadedGraph(key.name, npu_backend.load_artifact(path), inputs)
+            return graph, "loaded", time.perf_counter() - start
+        options = {**self.inner_options, "ship": hit is None}
+        step = self.steps[key.kind]
+        graph = capture(step, bufs.args(), self.kv_caches, self.passes, self.backend, key.name, options)
+        code = getattr(graph.fn, "artifact", None)
+        if hit is None and code is not None:
+
+            def write(tmp: str) -> None:
+                with open(tmp, "w") as f:
+                    f.write(code)
+
+            self.store.put(self.cache_key(key, bufs, free=False), write, {"sources": graph.sources})
+        return graph, "compiled", time.perf_counter() - start
 
     def finish(self, pending: PendingGraph):
         try:

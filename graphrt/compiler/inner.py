@@ -29,11 +29,14 @@ def eager(gm: fx.GraphModule, example_inputs: list) -> CompiledFn:
     return gm.forward
 
 
-def torchair(gm: fx.GraphModule, example_inputs: list, torchair_mode: str = "max-autotune") -> CompiledFn:
-    """Ascend NPU through TorchAir (graphrt.npu.backend); without an NPU, converted and replayed."""
+def torchair(
+    gm: fx.GraphModule, example_inputs: list, torchair_mode: str = "max-autotune", ship: bool = False
+) -> CompiledFn:
+    """Ascend NPU through TorchAir (graphrt.npu.backend); without an NPU, converted and replayed.
+    ``ship``: keep the graph's shippable form for the graph cache."""
     from graphrt.npu.backend import compile_step
 
-    return compile_step(gm, example_inputs, torchair_mode)
+    return compile_step(gm, example_inputs, torchair_mode, ship)
 
 
 INNER_BACKENDS: dict[str, Callable[..., CompiledFn]] = {

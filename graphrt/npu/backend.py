@@ -43,6 +43,7 @@ class TorchAirGraph:
     ascend_ops: collections.Counter = field(default_factory=collections.Counter)  # op type → count
     ir_text: str = ""  # the optimised GE graph as protobuf text
     context: Callable[[], AbstractContextManager] = nullcontext  # around every call
+    artifact: str | None = None  # with ship=True: TorchAir's generated code holding the GE graph
 
     def __call__(self, *args):
         with self.context():
@@ -90,7 +91,40 @@ def failing_op(e: BaseException) -> str:
     return f"op {found.group(1)}" if found else "an op"
 
 
-def compile_step(gm: fx.GraphModule, example_inputs: list, mode: str = "max-autotune") -> TorchAirGraph:
+def compile_shippable(torchair, gm: fx.GraphModule, example_inputs: list, cfg, decompositions: dict, on_npu: bool):
+    """TorchAir's backend as ``get_npu_backend`` builds it, keeping what its own ``cache_compile``
+    ships: the generated Python that holds the serialized GE graph. Off the NPU the graph then
+    replays eagerly (its optimised FX graph), exactly as with ``debug.run_eagerly``."""
+    from torchair.npu_fx_compiler import _compile_graph_with_aot, _get_merged_decompositions, get_compiler
+
+    cfg.debug.run_eagerly = False  # the concrete GE graph, not its FX fallback, is what gets coded
+    compiler = get_compiler(cfg)
+    codes: list[str] = []
+
+    def recording(fw_gm, fw_inputs):
+        compiled = compiler(fw_gm, fw_inputs)
+        codes.append(compiled.dump_artifacts().py_code)
+        return compiled if on_npu else compiled.runner.fx_graph
+
+    merged = _get_merged_decompositions(cfg, decompositions)
+    fn = _compile_graph_with_aot(gm, recording, example_inputs, cfg, merged)
+    return fn, codes[0]
+
+
+def load_artifact(path: str):
+    """The kernel of a shipped TorchAir graph (``compile_shippable``'s code): it loads anywhere
+    TorchAir imports; calling it compiles and runs the GE graph, which needs an NPU."""
+    from torchair.npu_fx_compiler import _compile_py_code
+
+    torchair_package.load()
+    with open(path) as f:
+        return _compile_py_code(f.read()).kernel
+
+
+def compile_step(
+    gm: fx.GraphModule, example_inputs: list, mode: str = "max-autotune", ship: bool = False
+) -> TorchAirGraph:
+    """``ship``: also keep the graph's shippable form (max-autotune), for the graph cache."""
     torchair = torchair_package.load()
     from graphrt.kernels import npu_ge
 
@@ -112,12 +146,17 @@ def compile_step(gm: fx.GraphModule, example_inputs: list, mode: str = "max-auto
         backend = torchair.get_npu_backend(compiler_config=cfg, custom_decompositions=npu_ge.decompositions())
         # off the NPU, TorchAir's ACL path (and the code it generates) imports torch_npu even for an eager replay
         replay = standins.acl_replay_stand_ins if mode != "max-autotune" and not on_npu else nullcontext
+        ship = ship and mode == "max-autotune"
+        artifact = None
         try:
             with replay():
-                fn = backend(gm, example_inputs)
+                if ship:
+                    fn, artifact = compile_shippable(torchair, gm, example_inputs, cfg, npu_ge.decompositions(), on_npu)
+                else:
+                    fn = backend(gm, example_inputs)
         except standins.NoNPU:
             raise
         except (NotImplementedError, RuntimeError, TypeError) as e:
             raise TorchAirConversionError(f"{failing_op(e)} could not be lowered by TorchAir ({mode}): {e}") from e
         ops, text = read_ir(pathlib.Path(dump)) if listed else (collections.Counter(), "")
-    return TorchAirGraph(fn, mode, ops, text, replay)
+    return TorchAirGraph(fn, mode, ops, text, replay, artifact)

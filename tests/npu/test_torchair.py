@@ -111,3 +111,16 @@ def test_stand_ins_refuse_what_needs_an_npu():
         graph.load(b"", {})
     with pytest.raises(standins.NoNPU, match="needs an Ascend NPU"):
         module.as_torch_tensors()
+
+
+def test_torchair_builds_go_into_the_graph_cache(converted):
+    """Off the NPU a graph cache of TorchAir builds is made (TorchAir's generated code with the GE
+    graph, under graphrt's key, manifest and hashes), each entry loads and refuses to run without
+    an NPU, and a second engine converts again (its graphs cannot run here) without touching them."""
+    _, result = converted
+    shipped = result["shipped"]
+    assert shipped["entries"] == shipped["graphs"] and len(shipped["graphs"]) == 2
+    assert shipped["inner"] == [{"torchair_mode": "max-autotune"}] * 2
+    assert all("needs an Ascend NPU" in r for r in shipped["refused"])
+    assert shipped["second"] == ["compiled", "compiled"] and shipped["entries_after"] == 2
+    assert shipped["same_tokens"]

@@ -76,8 +76,43 @@ def unconvertible() -> str:
     return "converted"
 
 
+def shipped(root: str) -> dict:
+    """A graph cache of TorchAir builds made off the NPU: one entry per graph, each loads and
+    refuses to run here; a second engine converts again and leaves the entries as they are."""
+    import os
+
+    from graphrt.artifacts.store import ArtifactStore
+    from graphrt.npu.backend import load_artifact
+    from graphrt.npu.standins import NoNPU
+
+    path = save_tiny("llama_gqa", root)
+    cache = os.path.join(root, "torchair-graphs")
+    opts = dict(OPTS, graph_cache=cache)
+    first = graphrt.LLM(path, backend="torchair", **opts)
+    entries = {e["key"]["graph"]: e for e in ArtifactStore(cache, strict=True).entries()}
+    refused = []
+    for key, graph in first.engine.graphs.graphs.items():
+        kernel = load_artifact(os.path.join(cache, entries[key.name]["file"]))
+        try:
+            kernel(*graph.inputs)
+            refused.append("ran")
+        except NoNPU as e:
+            refused.append(str(e))
+    second = graphrt.LLM(path, backend="torchair", **opts)
+    return {
+        "graphs": sorted(k.name for k in first.engine.graphs.graphs),
+        "entries": sorted(entries),
+        "inner": [e["key"]["inner"] for e in entries.values()],
+        "refused": refused,
+        "second": [r.how for r in second.capture_report()],
+        "entries_after": len(ArtifactStore(cache, strict=True).entries()),
+        "same_tokens": outputs(second) == outputs(graphrt.LLM(path, backend="eager", **OPTS)),
+    }
+
+
 if __name__ == "__main__":
     root, names = sys.argv[1], sys.argv[2:]
     result = {name.lstrip("+"): run(root, name.lstrip("+"), name.startswith("+")) for name in names}
     result["unconvertible"] = unconvertible()
+    result["shipped"] = shipped(root)
     print("RESULT " + json.dumps(result))

@@ -19,11 +19,8 @@ class AdapterSlots:
     def __init__(
         self, model: nn.Module, cfg: ModelConfig, num_slots: int, max_rank: int, max_rows: int, targets: tuple[str, ...]
     ) -> None:
-        layers = getattr(model, "layers", None)
-        if layers is None or not all(_has_targets(layer) for layer in layers):
-            raise InvalidRequestError(
-                f"LoRA needs a Llama-family model (Llama, Qwen2, Qwen3); {type(model).__name__} is not one"
-            )
+        """``model``: a Llama-family model (the engine checks that before)."""
+        layers = model.layers
         self.cfg, self.num_slots, self.max_rank, self.targets = cfg, num_slots, max_rank, tuple(targets)
         self.modules: dict[tuple[int, str], nn.Linear] = {}
         # graphrt projection → the parts of its output LoRA is served on, in order
@@ -80,13 +77,6 @@ class AdapterSlots:
         n = len(slots)
         self.row_slot[:n].copy_(torch.from_numpy(slots))
         self.row_slot[n:].fill_(-1)
-
-
-def _has_targets(layer: nn.Module) -> bool:
-    try:
-        return all(isinstance(layer.get_submodule(p), nn.Linear) for p in PARTS)
-    except AttributeError:
-        return False
 
 
 def part_rows(cfg: ModelConfig, path: str, part: int) -> slice:

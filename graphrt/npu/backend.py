@@ -143,7 +143,7 @@ def compile_step(
             os.makedirs(keep, exist_ok=True)
         listed = mode == "max-autotune" and (not on_npu or keep)
         cfg = compiler_config(torchair, mode, dump if listed else None, on_npu)
-        backend = torchair.get_npu_backend(compiler_config=cfg, custom_decompositions=npu_ge.decompositions())
+        decompositions = npu_ge.decompositions()
         # off the NPU, TorchAir's ACL path (and the code it generates) imports torch_npu even for an eager replay
         replay = standins.acl_replay_stand_ins if mode != "max-autotune" and not on_npu else nullcontext
         ship = ship and mode == "max-autotune"
@@ -151,8 +151,9 @@ def compile_step(
         try:
             with replay():
                 if ship:
-                    fn, artifact = compile_shippable(torchair, gm, example_inputs, cfg, npu_ge.decompositions(), on_npu)
+                    fn, artifact = compile_shippable(torchair, gm, example_inputs, cfg, decompositions, on_npu)
                 else:
+                    backend = torchair.get_npu_backend(compiler_config=cfg, custom_decompositions=decompositions)
                     fn = backend(gm, example_inputs)
         except standins.NoNPU:
             raise

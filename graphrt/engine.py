@@ -61,6 +61,9 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None  # drafts verified in the graphs (ngram)
     torchair_mode: str = "max-autotune"  # backend="torchair": one GE graph, or "reduce-overhead" (ACL graphs)
     lora: LoRAConfig | None = None  # LoRA adapters served (slots, largest rank); None: none
+    # None: weights as stored (a Q4/Q8 GGUF stays quantized); "int8"/"int4": quantized at load;
+    # "none": every weight in dtype
+    quantization: str | None = None
 
 
 @dataclass

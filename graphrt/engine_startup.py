@@ -101,7 +101,7 @@ class EngineStartup:
 
     def load(self) -> None:
         self.dtype = resolve_dtype(adopt(self.config.dtype, self.shipped, "dtype"))
-        self.loaded: LoadedModel = load_model(self.config.model, self.dtype)
+        self.loaded: LoadedModel = load_model(self.config.model, self.dtype, self.config.quantization)
 
     def configure(self) -> None:
         """Settle every setting (given, else shipped, else default), check them against a shipped

@@ -56,13 +56,18 @@ class LLM:
         max_loras: int = 4,
         max_lora_rank: int = 16,
         lora_target_modules: Sequence[str] | None = None,
+        quantization: str | None = None,
     ) -> None:
         """Load ``model`` and start serving it. Settings left as None come from a shipped graph
         cache (``graph_cache=DIR``, as ``graphrt precompile`` wrote it) when there is one, else
         from the defaults: float32, 8 sequences, 256 batched tokens, blocks of 16 tokens.
         ``graph_cache``: None keeps compiled graphs in the per-user cache, False keeps none.
         ``speculative_config``: vLLM's keys, e.g. ``{"method": "ngram", "num_speculative_tokens": 3,
-        "prompt_lookup_max": 3, "prompt_lookup_min": 1}``: drafts verified by verify graphs."""
+        "prompt_lookup_max": 3, "prompt_lookup_min": 1}``: drafts verified by verify graphs.
+        ``quantization``: None runs the weights as stored (a Q4_0/Q4_1/Q8_0 GGUF stays int4/int8,
+        read by quantized kernels); "int8" / "int4" quantize a float checkpoint at load (blocks of
+        32 values: int8 symmetric as Q8_0, int4 with a minimum as Q4_1); "none" dequantises
+        everything to ``dtype``."""
         cache = CacheConfig(block_size, kv_cache_memory, kv_cache_fraction, enable_prefix_caching)
         config = EngineConfig(
             model,
@@ -86,6 +91,7 @@ class LLM:
             LoRAConfig(max_loras, max_lora_rank, *([tuple(lora_target_modules)] if lora_target_modules else []))
             if enable_lora
             else None,
+            quantization,
         )
         self.engine = LLMEngine(config).start()
 

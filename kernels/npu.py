@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from graphrt.kernels import cache, canonical
+from graphrt.kernels import cache, canonical, quantized
 from graphrt.kernels.sampling import unpack_bitmask
 
 # op → (max-autotune: Ascend operators; reduce-overhead: the kernel dispatched on NPU tensors)
@@ -36,6 +36,12 @@ NPU_LOWERING: dict[str, tuple[str, str]] = {
     "fused_add_rms_norm": ("AddRmsNorm", "torch_npu.npu_add_rms_norm"),
     "rotary_embedding": ("GatherV2 + RotaryPositionEmbedding (mode 0 NeoX, 1 GPT-J)", "its own aten body"),
     "linear": ("MatMulV2", "its own aten body (CPU backends only use it)"),
+    "linear_quantized": (
+        "aten body: dequantise + MatMulV2 (CPU backends only use it; an NPU would take "
+        "npu_weight_quant_batchmatmul, not written)",
+        "its own aten body",
+    ),
+    "dequantize": ("aten body: unpack + Mul/Add", "its own aten body"),
     "slot_mapping": ("aten body: integer arithmetic, no Ascend operator fits", "its own aten body"),
     "apply_token_bitmask": ("aten body: unpack + masked_fill", "aten body"),
     "sample": ("aten body: no Ascend sampling operator takes graphrt's seeds", "aten body (canonical.sample)"),
@@ -132,6 +138,8 @@ def graph_safe_bodies() -> dict[str, object]:
         "draft_sample": draft_sample,
         "rejection_sample": rejection_sample,
         "moe_experts": moe_experts,
+        "dequantize": quantized.dequantize_torch,  # already one
+        "linear_quantized": quantized.linear_quantized_torch,
     }
 
 

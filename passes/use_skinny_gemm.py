@@ -10,6 +10,11 @@ After::
     qkv = torch.ops.graphrt.linear(x, qkv_weight, qkv_bias)
     logits = torch.ops.graphrt.linear(hidden[indices], embed_weight, None)
 
+A quantized weight (``kernels/quantized.py``) is spelled ``linear(x, dequantize(qweight, scales,
+mins, dtype), bias)``; at most ``max_rows`` rows it becomes ``graphrt::linear_quantized(x, qweight,
+scales, mins, bias)``, which reads the stored bytes and never builds the float matrix; a prefill
+graph keeps the spelling (the matrix dequantised once, then aten's GEMM).
+
 The choice is per projection, by its row count (the product of the input's leading dims, known
 statically in a graph per key): at most ``max_rows`` rows is a stream over the weights, where
 graphrt's kernel reads each weight byte once and aten's GEMM reaches a third of the memory's speed;
@@ -42,7 +47,31 @@ def _linear_args(n):
     return tuple(args) if len(args) == 3 else None
 
 
+def _dequantized(weight):
+    """(qweight, scales, mins, dtype) when ``weight`` is graphrt's dequantize spelling, else None."""
+    if getattr(weight, "op", None) != "call_function":
+        return None
+    if weight.target not in (torch.ops.graphrt.dequantize.default, torch.ops.graphrt.dequantize):
+        return None
+    names = ("qweight", "scales", "mins", "dtype")
+    args = list(weight.args) + [weight.kwargs[k] for k in names[len(weight.args) :] if k in weight.kwargs]
+    return tuple(args) if len(args) == 4 else None
+
+
+def _fits_quantized(x, weight, bias, max_rows: int) -> bool:
+    xv, qv = example_value(x), example_value(_dequantized(weight)[0])
+    if not isinstance(xv, torch.Tensor) or not isinstance(qv, torch.Tensor) or xv.ndim == 0 or qv.ndim != 2:
+        return False
+    if xv.dtype not in _DTYPES or xv.dtype != _dequantized(weight)[3] or xv.device.type != "cpu":
+        return False
+    if bias is not None and not isinstance(example_value(bias), torch.Tensor):
+        return False
+    return math.prod(xv.shape[:-1]) <= max_rows
+
+
 def _fits(x, weight, bias, max_rows: int) -> bool:
+    if _dequantized(weight) is not None:
+        return _fits_quantized(x, weight, bias, max_rows)
     xv, wv = example_value(x), example_value(weight)
     bv = None if bias is None else example_value(bias)
     if not isinstance(xv, torch.Tensor) or not isinstance(wv, torch.Tensor) or xv.ndim == 0:
@@ -72,9 +101,16 @@ class UseSkinnyGemm(GraphPass):
             if not _fits(*args, self.max_rows):
                 result.unmatched += 1
                 continue
+            x, weight, bias = args
+            quantized = _dequantized(weight)
             with graph.inserting_before(n):
-                (new,) = emit(graph, torch.ops.graphrt.linear.default, args)
+                if quantized is None:
+                    (new,) = emit(graph, torch.ops.graphrt.linear.default, args)
+                else:
+                    (new,) = emit(graph, torch.ops.graphrt.linear_quantized.default, (x, *quantized[:3], bias))
             n.replace_all_uses_with(new)
             graph.erase_node(n)
+            if quantized is not None and not weight.users:
+                graph.erase_node(weight)
             result.matched += 1
         return result

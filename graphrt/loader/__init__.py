@@ -12,7 +12,8 @@ import torch
 from graphrt.loader import hf_dir
 from graphrt.loader.deepseek_weights import mtp_present
 from graphrt.loader.gguf_file import GGUFCheckpoint
-from graphrt.loader.weights import CheckpointError, TensorSource, build_model, convert_state_dict
+from graphrt.loader.quantization import check_quantization
+from graphrt.loader.weights import CheckpointError, TensorSource, build_model, convert_state_dict, finish_state
 from graphrt.loader.weights_cache import WeightsCache
 from graphrt.models import DeepseekV3ForCausalLM, LlamaForCausalLM
 from graphrt.models.config import ModelConfig
@@ -57,29 +58,34 @@ def default_model_path() -> str:
     return path
 
 
-def load_model(model: Any = None, dtype: str | torch.dtype = "float32") -> LoadedModel:
+def load_model(model: Any = None, dtype: str | torch.dtype = "float32", quantization: str | None = None) -> LoadedModel:
+    """``quantization``: None keeps the checkpoint as stored (a Q4_0/Q4_1/Q8_0 GGUF stays int4 /
+    int8), "int8" / "int4" quantize float weights at load, "none" makes every weight ``dtype``."""
     dt = resolve_dtype(dtype)
+    check_quantization(quantization)
     if model is None:
         model = default_model_path()
     if isinstance(model, (LlamaForCausalLM, DeepseekV3ForCausalLM)):
+        if quantization in ("int8", "int4"):
+            return _requantized(model, dt, quantization)
         return LoadedModel(model.to(dt).eval(), model.config, None, model.config.eos_token_ids, "graphrt-model")
     if isinstance(model, torch.nn.Module):
-        return _from_transformers(model, dt)
+        return _from_transformers(model, dt, quantization)
     path = os.fspath(model)
     if os.path.isdir(path):
-        return _from_hf_dir(path, dt)
+        return _from_hf_dir(path, dt, quantization)
     if path.endswith(".gguf"):
-        return _from_gguf(path, dt)
+        return _from_gguf(path, dt, quantization)
     raise CheckpointError(
         f"model {path!r} is neither a Hugging Face directory nor a .gguf file"
         + ("" if os.path.exists(path) else " (it does not exist)")
     )
 
 
-def _from_hf_dir(path: str, dtype: torch.dtype) -> LoadedModel:
+def _from_hf_dir(path: str, dtype: torch.dtype, quantization: str | None) -> LoadedModel:
     cfg = hf_dir.read_config(path)
     src = hf_dir.safetensors_source(path)
-    state = convert_state_dict(cfg, src, dtype)
+    state = convert_state_dict(cfg, src, dtype, quantization)
     eos = hf_dir.eos_from_generation_config(path) or cfg.eos_token_ids
     tok = load_hf_tokenizer(path) if hf_dir.has_tokenizer(path) else None
     model = build_model(cfg, state, dtype)
@@ -88,10 +94,10 @@ def _from_hf_dir(path: str, dtype: torch.dtype) -> LoadedModel:
     return LoadedModel(model, cfg, tok, eos, os.path.abspath(path))
 
 
-def _from_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
+def _from_gguf(path: str, dtype: torch.dtype, quantization: str | None) -> LoadedModel:
     """Through the weights cache: converted and stored on the first load, mapped after."""
     cache = WeightsCache(weights_cache_dir())
-    key = cache.key(path, dtype) if os.path.exists(path) else None
+    key = cache.key(path, dtype, quantization) if os.path.exists(path) else None
     hit = cache.load(key) if key else None
     if hit is not None:
         cfg, state = hit.config, hit.state
@@ -99,20 +105,27 @@ def _from_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
     else:
         ckpt = GGUFCheckpoint(path)
         cfg = ckpt.config()
-        state = convert_state_dict(cfg, ckpt.tensors(cfg), dtype)
+        state = convert_state_dict(cfg, ckpt.tensors(cfg, keep_quantized=quantization != "none"), dtype, quantization)
         tok = load_hf_tokenizer(os.path.dirname(os.path.abspath(path)), os.path.basename(path))
         cache.store(key, cfg, state, tok.hf)
     return LoadedModel(build_model(cfg, state, dtype), cfg, tok, cfg.eos_token_ids, os.path.abspath(path))
 
 
-def _from_transformers(hf_model: torch.nn.Module, dtype: torch.dtype) -> LoadedModel:
+def _requantized(model: torch.nn.Module, dtype: torch.dtype, quantization: str) -> LoadedModel:
+    """An in-memory graphrt model, quantized: its float weights read back as a checkpoint."""
+    state = finish_state(model.config, {k: v.detach() for k, v in model.state_dict().items()}, dtype, quantization)
+    cfg = model.config
+    return LoadedModel(build_model(cfg, state, dtype), cfg, None, cfg.eos_token_ids, "graphrt-model")
+
+
+def _from_transformers(hf_model: torch.nn.Module, dtype: torch.dtype, quantization: str | None) -> LoadedModel:
     hf_cfg = getattr(hf_model, "config", None)
     if hf_cfg is None:
         raise CheckpointError(f"{type(hf_model).__name__} is not a transformers model (no .config)")
     cfg = ModelConfig.from_hf_dict(hf_cfg.to_dict())
     tensors = {k: v.detach() for k, v in hf_model.state_dict().items()}
     src = TensorSource(tensors, tensors.__getitem__, lambda name: "<in-memory model>")
-    state = convert_state_dict(cfg, src, dtype)
+    state = convert_state_dict(cfg, src, dtype, quantization)
     gen = getattr(hf_model, "generation_config", None)
     eos = getattr(gen, "eos_token_id", None)
     eos_ids = (tuple(eos) if isinstance(eos, list) else (eos,)) if eos is not None else cfg.eos_token_ids

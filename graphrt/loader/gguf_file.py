@@ -1,4 +1,9 @@
-"""Loading a GGUF file: metadata → ModelConfig, tensors dequantised and renamed to transformers'."""
+"""Loading a GGUF file: metadata → ModelConfig, tensors renamed to transformers'.
+
+Q4_0, Q4_1 and Q8_0 tensors stay quantized (graphrt's int4 / int8 layouts, ``loader/quantization.py``)
+unless the caller asks for float weights; F32/F16/BF16 are read as they are; every other type the
+``gguf`` package can dequantise is dequantised to float at load, with a one-line notice.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import os
 import numpy as np
 import torch
 
+from graphrt.loader.quantization import GGUF_KEPT, from_gguf_blocks
 from graphrt.loader.weights import CheckpointError, TensorSource
 from graphrt.models.config import ModelConfig, RopeConfig, UnsupportedModelError
 
@@ -108,16 +114,17 @@ class GGUFCheckpoint:
             eos_token_ids=() if eos is None else (int(eos),),
         )
 
-    def tensors(self, cfg: ModelConfig) -> TensorSource:
+    def tensors(self, cfg: ModelConfig, keep_quantized: bool = True) -> TensorSource:
         by_name = {}
         for t in self.reader.tensors:
             name = hf_name(t.name)
             if name is not None:
                 by_name[name] = t
 
+        kept = GGUF_KEPT if keep_quantized else ()
         quantized: dict[str, int] = {}
         for t in by_name.values():
-            if t.tensor_type.name not in FLOAT_TYPES:
+            if t.tensor_type.name not in FLOAT_TYPES + kept:
                 quantized[t.tensor_type.name] = quantized.get(t.tensor_type.name, 0) + 1
         if quantized:
             kinds = ", ".join(f"{k} ({n} tensors)" for k, n in sorted(quantized.items()))
@@ -126,6 +133,9 @@ class GGUFCheckpoint:
         def read(name: str) -> torch.Tensor:
             t = by_name[name]
             shape = tuple(int(s) for s in reversed(t.shape))
+            if t.tensor_type.name in kept and len(shape) == 2:
+                w = from_gguf_blocks(np.asarray(t.data), t.tensor_type.name, shape)
+                return _unpermuted(name, w, cfg)
             try:
                 data = np.asarray(self._dequantize(t.data, t.tensor_type), dtype=np.float32)
             except NotImplementedError:
@@ -134,14 +144,20 @@ class GGUFCheckpoint:
                     f"(readable: the float types {FLOAT_TYPES} and the quantized types the gguf package "
                     f"dequantises)"
                 ) from None
-            w = torch.from_numpy(data.reshape(shape).copy())
-            if name.endswith("q_proj.weight"):
-                w = unpermute_rows(w, cfg.num_heads)
-            elif name.endswith("k_proj.weight"):
-                w = unpermute_rows(w, cfg.num_kv_heads)
-            return w
+            return _unpermuted(name, torch.from_numpy(data.reshape(shape).copy()), cfg)
 
         return TensorSource(by_name, read, lambda name: self.path)
+
+
+def _unpermuted(name: str, w, cfg: ModelConfig):
+    """q and k with llama.cpp's row permutation undone (rows only: quantized blocks move whole)."""
+    heads = cfg.num_heads if name.endswith("q_proj.weight") else cfg.num_kv_heads
+    if not name.endswith(("q_proj.weight", "k_proj.weight")):
+        return w
+    if isinstance(w, torch.Tensor):
+        return unpermute_rows(w, heads)
+    order = unpermute_rows(torch.arange(w.shape[0])[:, None], heads)[:, 0]
+    return w.rows(order)
 
 
 @functools.cache

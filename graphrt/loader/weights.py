@@ -11,6 +11,13 @@ from collections.abc import Callable, Iterable
 import torch
 
 from graphrt.loader import deepseek_weights
+from graphrt.loader.quantization import (
+    QuantizedTensor,
+    cat_rows,
+    dequantize_state,
+    quantize_state,
+    swap_quantized_modules,
+)
 from graphrt.models import model_class
 from graphrt.models.config import ModelConfig
 from graphrt.models.layers import RotaryEmbedding
@@ -56,7 +63,7 @@ def _layer_tensors(cfg: ModelConfig, src: TensorSource, i: int) -> dict[str, tor
         ours + "mlp.down_proj.weight": src.get(hf + "mlp.down_proj.weight", (h, inter)),
     }
     attn = hf + "self_attn."
-    out[ours + "self_attn.qkv_proj.weight"] = torch.cat(
+    out[ours + "self_attn.qkv_proj.weight"] = cat_rows(
         [
             src.get(attn + "q_proj.weight", (q_out, h)),
             src.get(attn + "k_proj.weight", (kv_out, h)),
@@ -77,7 +84,7 @@ def _layer_tensors(cfg: ModelConfig, src: TensorSource, i: int) -> dict[str, tor
         out[ours + "self_attn.q_norm.weight"] = src.get(attn + "q_norm.weight", (d,))
         out[ours + "self_attn.k_norm.weight"] = src.get(attn + "k_norm.weight", (d,))
     mlp = hf + "mlp."
-    out[ours + "mlp.gate_up_proj.weight"] = torch.cat(
+    out[ours + "mlp.gate_up_proj.weight"] = cat_rows(
         [src.get(mlp + "gate_proj.weight", (inter, h)), src.get(mlp + "up_proj.weight", (inter, h))]
     )
     if cfg.mlp_bias:
@@ -88,8 +95,12 @@ def _layer_tensors(cfg: ModelConfig, src: TensorSource, i: int) -> dict[str, tor
     return out
 
 
-def convert_state_dict(cfg: ModelConfig, src: TensorSource, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """transformers-named tensors → graphrt's parameter names (q/k/v and gate/up stacked)."""
+def convert_state_dict(
+    cfg: ModelConfig, src: TensorSource, dtype: torch.dtype, quantization: str | None = None
+) -> dict[str, torch.Tensor]:
+    """transformers-named tensors → graphrt's parameter names (q/k/v and gate/up stacked).
+    Quantized source tensors stay quantized unless ``quantization="none"``; "int8" / "int4"
+    quantize the float projections and embeddings (``loader/quantization.py``)."""
     v, h = cfg.vocab_size, cfg.hidden_size
     state = {
         "embed_tokens.weight": src.get("model.embed_tokens.weight", (v, h)),
@@ -102,7 +113,26 @@ def convert_state_dict(cfg: ModelConfig, src: TensorSource, dtype: torch.dtype) 
         state.update(layer(cfg, src, i))
     if cfg.mla is not None and not deepseek_weights.mtp_present(cfg, src):
         state.update(deepseek_weights.mtp_tensors(cfg, src))
-    return {k: t.to(_dtype_of(k, dtype)).contiguous() for k, t in state.items()}
+    return finish_state(cfg, state, dtype, quantization)
+
+
+def finish_state(
+    cfg: ModelConfig, state: dict, dtype: torch.dtype, quantization: str | None
+) -> dict[str, torch.Tensor]:
+    """graphrt-named weights (float or ``QuantizedTensor``) → the state dict ``build_model`` takes."""
+    if quantization in ("int8", "int4"):
+        if cfg.mla is not None:
+            raise ValueError(f"quantization={quantization!r} is supported for the Llama family, not {cfg.architecture}")
+        state = quantize_state(state, quantization)
+    elif quantization == "none":
+        state = dequantize_state(state)
+    out = {}
+    for k, t in state.items():
+        if isinstance(t, QuantizedTensor):
+            out.update(t.parts(k))
+        else:
+            out[k] = t.to(_dtype_of(k, dtype)).contiguous()
+    return out
 
 
 def _dtype_of(name: str, dtype: torch.dtype) -> torch.dtype:
@@ -113,11 +143,16 @@ def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
     mtp_layers = sum(1 for k in state if k.startswith("mtp.") and k.endswith(".enorm.weight"))
     with torch.device("meta"):
         model = model_class(cfg)(cfg, mtp_layers) if cfg.mla is not None else model_class(cfg)(cfg)
+        swap_quantized_modules(model, state, dtype)
     model.load_state_dict(state, strict=True, assign=True)
     # Non-persistent buffers are not in the state dict: build them for real.
     model.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim)
     keep = {p: p.data for name, p in model.named_parameters() if name.endswith(deepseek_weights.FLOAT32_SUFFIXES)}
+    quantized = [(m, name, b) for m in model.modules() for name, b in m._buffers.items() if b is not None]
+    quantized = [(m, name, b) for m, name, b in quantized if b.dtype == torch.float16]  # scales and mins
     model.to(dtype)
     for p, data in keep.items():  # a MoE router stays float32 whatever the model's dtype
         p.data = data
+    for m, name, b in quantized:  # quantized weights' scales stay float16
+        m._buffers[name] = b
     return model.eval().requires_grad_(False)

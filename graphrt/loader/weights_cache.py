@@ -64,7 +64,13 @@ def buffer_piece_hashes(buffer) -> list[str]:
         view.release()
 
 
-SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+SAFETENSORS_DTYPES = {
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+}
 
 
 def map_safetensors(mapping: mmap.mmap) -> dict[str, torch.Tensor]:
@@ -97,8 +103,8 @@ class WeightsCache:
     def __init__(self, root: str) -> None:
         self.root = root
 
-    def key(self, checkpoint: str, dtype: torch.dtype) -> str:
-        parts = f"{sha256_file(checkpoint)}|{dtype}|{loader_code_hash()}"
+    def key(self, checkpoint: str, dtype: torch.dtype, quantization: str | None = None) -> str:
+        parts = f"{sha256_file(checkpoint)}|{dtype}|{quantization}|{loader_code_hash()}"
         return hashlib.sha256(parts.encode()).hexdigest()[:32]
 
     def load(self, key: str) -> CachedWeights | None:

@@ -18,6 +18,7 @@ from graphrt.kernels import canonical
 from graphrt.models.attention import AttentionInputs
 from graphrt.models.config import ModelConfig, MoEConfig
 from graphrt.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, apply_rotary_interleaved
+from graphrt.models.quantized import dense_weight
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm: transformers builds them with its default eps
 
@@ -183,5 +184,5 @@ class DeepseekV3ForCausalLM(nn.Module):
         return self.mtp[layer](embeds, hidden, positions, cos_sin, kv_cache, attn)
 
     def compute_logits(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return nn.functional.linear(hidden[indices], weight)
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return nn.functional.linear(hidden[indices], dense_weight(head, hidden.dtype))

@@ -14,6 +14,7 @@ from graphrt.lora.projection import project
 from graphrt.models.attention import AttentionInputs, attention
 from graphrt.models.config import ModelConfig
 from graphrt.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from graphrt.models.quantized import dense_weight
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -91,5 +92,5 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return nn.functional.linear(hidden[indices], weight)
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return nn.functional.linear(hidden[indices], dense_weight(head, hidden.dtype))

@@ -1,6 +1,6 @@
 // The native kernel bodies, compiled once per instruction set and chosen at run time.
 //
-// The same source (simd.h, skinny_gemm.h, paged_attention.h) is included in three namespaces,
+// The same source (simd.h, skinny_gemm.h, paged_attention.h, quant_gemm.h) is included in three namespaces,
 // each with its vector width and the skinny GEMM's register tiles (GRT_SMALL_*: weight rows x
 // activation rows for 2-4 rows; GRT_WIDE_*: for more, sized to the register file; measured with
 // `graphrt bench kernels`):
@@ -41,6 +41,15 @@
     attend_chunk(q, static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), blocks,   \
                  l0, l1, bs, hkv, D, G, scale, scores, m, sums, acc);                             \
   }                                                                                               \
+  static void qgemm(const float* x, const QuantRows& w, float* y, int64_t M, int64_t N,           \
+                    int64_t n0, int64_t n1, float* scratch) {                                     \
+    if (w.bits == 4) return quant_gemm<4>(x, w, y, M, N, n0, n1, scratch);                        \
+    quant_gemm<8>(x, w, y, M, N, n0, n1, scratch);                                                \
+  }                                                                                               \
+  static void dequant(const QuantRows& w, float* out, int64_t r0, int64_t r1, float* scratch) {   \
+    if (w.bits == 4) return dequantize_rows<4>(w, out, r0, r1, scratch);                          \
+    dequantize_rows<8>(w, out, r0, r1, scratch);                                                  \
+  }                                                                                               \
   }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -55,6 +64,7 @@ namespace avx512 {
 #include "simd.h"
 #include "skinny_gemm.h"
 #include "paged_attention.h"
+#include "quant_gemm.h"
 #undef GRT_VEC_BYTES
 #undef GRT_SMALL_NB
 #undef GRT_SMALL_MB
@@ -111,6 +121,7 @@ namespace avx2 {
 #include "simd.h"
 #include "skinny_gemm.h"
 #include "paged_attention.h"
+#include "quant_gemm.h"
 #undef GRT_VEC_BYTES
 #undef GRT_SMALL_NB
 #undef GRT_SMALL_MB
@@ -130,6 +141,7 @@ namespace portable {
 #include "simd.h"
 #include "skinny_gemm.h"
 #include "paged_attention.h"
+#include "quant_gemm.h"
 #undef GRT_VEC_BYTES
 #undef GRT_SMALL_NB
 #undef GRT_SMALL_MB
@@ -140,7 +152,8 @@ GRT_DEFINE_TABLE(portable)
 
 namespace graphrt_native {
 
-static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, AttendFn ab) {
+static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, AttendFn ab, QuantGemmFn qg,
+                       DequantFn dq) {
   IsaKernels k;
   k.name = name;
   k.gemm_bf16_dot = nullptr;
@@ -148,6 +161,8 @@ static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, Atte
   k.gemm_bf16 = gb;
   k.attend_f32 = af;
   k.attend_bf16 = ab;
+  k.quant_gemm = qg;
+  k.dequantize = dq;
   return k;
 }
 
@@ -173,16 +188,19 @@ static IsaKernels choose() {
     if (!allowed || !supported(isa)) continue;
 #if defined(__x86_64__) || defined(__i386__)
     if (std::strcmp(isa, "avx512") == 0) {
-      IsaKernels k = make("avx512", avx512::gemm_f32, avx512::gemm_bf16, avx512::attend_f32, avx512::attend_bf16);
+      IsaKernels k = make("avx512", avx512::gemm_f32, avx512::gemm_bf16, avx512::attend_f32, avx512::attend_bf16, avx512::qgemm,
+                    avx512::dequant);
       if (__builtin_cpu_supports("avx512bf16")) k.gemm_bf16_dot = avx512bf16::gemm_bf16_dot;
       return k;
     }
     if (std::strcmp(isa, "avx2") == 0)
-      return make("avx2", avx2::gemm_f32, avx2::gemm_bf16, avx2::attend_f32, avx2::attend_bf16);
+      return make("avx2", avx2::gemm_f32, avx2::gemm_bf16, avx2::attend_f32, avx2::attend_bf16, avx2::qgemm,
+                    avx2::dequant);
 #endif
     break;
   }
-  return make("portable", portable::gemm_f32, portable::gemm_bf16, portable::attend_f32, portable::attend_bf16);
+  return make("portable", portable::gemm_f32, portable::gemm_bf16, portable::attend_f32, portable::attend_bf16, portable::qgemm,
+                    portable::dequant);
 }
 
 const IsaKernels& isa_kernels() {

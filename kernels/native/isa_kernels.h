@@ -19,6 +19,22 @@ using AttendFn = void (*)(const float* q, const void* k_cache, const void* v_cac
 using GemmBf16DotFn = void (*)(const uint16_t* x, const void* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
                                int64_t n1);
 
+// A weight-only quantized matrix [N, K] (kernels/quantized.py): bits 4 (q uint8 [N, K/2], mins)
+// or 8 (q int8 [N, K], no mins); scales/mins float16 bits [N, K/32].
+struct QuantRows {
+  const void* q;
+  const uint16_t* scales;
+  const uint16_t* mins;
+  int bits;
+  int64_t K;
+};
+
+// y[M, N] = x[M, K] * w^T over output columns [n0, n1); scratch: 2 * K/32 + K floats.
+using QuantGemmFn = void (*)(const float* x, const QuantRows& w, float* y, int64_t M, int64_t N, int64_t n0,
+                             int64_t n1, float* scratch);
+// Rows [r0, r1) of w as fp32 into out [rows, K]; scratch: 2 * K/32 floats.
+using DequantFn = void (*)(const QuantRows& w, float* out, int64_t r0, int64_t r1, float* scratch);
+
 struct IsaKernels {
   const char* name;
   GemmFn gemm_f32;
@@ -26,6 +42,8 @@ struct IsaKernels {
   GemmBf16DotFn gemm_bf16_dot;
   AttendFn attend_f32;
   AttendFn attend_bf16;
+  QuantGemmFn quant_gemm;
+  DequantFn dequantize;
 };
 
 const IsaKernels& isa_kernels();

@@ -69,6 +69,76 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   return x.dim() == 2 ? out : out.reshape(shape);
 }
 
+// The quantized matrix behind (qweight, scales, mins): layout checks on the raw pointers' behalf.
+QuantRows quant_rows(const at::Tensor& q, const at::Tensor& scales, const std::optional<at::Tensor>& mins) {
+  const bool int4 = q.scalar_type() == at::kByte;
+  TORCH_CHECK(int4 || q.scalar_type() == at::kChar, "graphrt: qweight must be uint8 (int4) or int8 (int8)");
+  TORCH_CHECK(q.dim() >= 1 && q.is_contiguous() && scales.is_contiguous() && scales.scalar_type() == at::kHalf,
+              "graphrt: qweight and float16 scales must be contiguous");
+  const int64_t K = q.size(-1) * (int4 ? 2 : 1);
+  TORCH_CHECK(K % 32 == 0 && scales.numel() * 32 == q.numel() / q.size(-1) * K,
+              "graphrt: scales must hold one value per 32-value block of qweight");
+  const bool has_mins = mins.has_value() && mins->defined();
+  TORCH_CHECK(has_mins == int4, "graphrt: int4 weights need mins, int8 weights take none");
+  if (has_mins)
+    TORCH_CHECK(mins->is_contiguous() && mins->scalar_type() == at::kHalf && mins->numel() == scales.numel(),
+                "graphrt: mins must be float16 and shaped like scales");
+  QuantRows w;
+  w.q = q.data_ptr();
+  w.scales = reinterpret_cast<const uint16_t*>(scales.data_ptr());
+  w.mins = has_mins ? reinterpret_cast<const uint16_t*>(mins->data_ptr()) : nullptr;
+  w.bits = int4 ? 4 : 8;
+  w.K = K;
+  return w;
+}
+
+// The float matrix [..., K] of a quantized one, in `dtype` (computed in fp32).
+at::Tensor dequantize(const at::Tensor& q, const at::Tensor& scales, const std::optional<at::Tensor>& mins,
+                      at::ScalarType dtype) {
+  const QuantRows w = quant_rows(q, scales, mins);
+  std::vector<int64_t> shape(q.sizes().begin(), q.sizes().end());
+  shape.back() = w.K;
+  at::Tensor out = at::empty(shape, q.options().dtype(at::kFloat));
+  const int64_t rows = w.K ? out.numel() / w.K : 0;
+  float* op = out.data_ptr<float>();
+  const IsaKernels& isa = isa_kernels();
+  at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, w.K)),
+                   [&](int64_t r0, int64_t r1) {
+                     std::vector<float> scratch(2 * (w.K / 32));
+                     isa.dequantize(w, op, r0, r1, scratch.data());
+                   });
+  return dtype == at::kFloat ? out : out.to(dtype);
+}
+
+// x [..., K] · W^T (+ bias) → [..., N] in x's dtype, W quantized; fp32 accumulation.
+at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
+                            const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(q.dim() == 2, "graphrt::linear_quantized: qweight must be [N, packed K]");
+  const QuantRows w = quant_rows(q, scales, mins);
+  const int64_t N = q.size(0), K = w.K;
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, "graphrt::linear_quantized: x's last dim must equal the weight's K");
+  const at::Tensor x2 = as_contiguous(x.dim() == 2 ? x : x.reshape({-1, K}), at::kFloat);
+  const int64_t M = x2.size(0);
+  at::Tensor y = at::empty({M, N}, x2.options().dtype(at::kFloat));
+  const float* xp = x2.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const IsaKernels& isa = isa_kernels();
+  // Blocks of 4 output rows, as graphrt::linear; a quantized row is a quarter to half the bytes.
+  const int64_t blocks = (N + 3) / 4;
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, 2 * K));
+  if (M > 0) {
+    at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+      std::vector<float> scratch(2 * (K / 32) + K);
+      isa.quant_gemm(xp, w, yp, M, N, b0 * 4, std::min(N, b1 * 4), scratch.data());
+    });
+  }
+  if (bias.has_value() && bias->defined()) y.add_(bias->to(at::kFloat));
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  at::Tensor out = x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  return x.dim() == 2 ? out : out.reshape(shape);
+}
+
 void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
               const at::Tensor& slot_mapping) {
   TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type(),
@@ -180,6 +250,8 @@ std::string isa_name() { return isa_kernels().name; }
 TORCH_LIBRARY_IMPL(graphrt, CPU, m) {
   m.impl("linear", &graphrt_native::linear);
   m.impl("paged_attention", &graphrt_native::paged_attention);
+  m.impl("dequantize", &graphrt_native::dequantize);
+  m.impl("linear_quantized", &graphrt_native::linear_quantized);
 }
 
 TORCH_LIBRARY_FRAGMENT(graphrt_native, m) { m.def("isa() -> str", &graphrt_native::isa_name); }

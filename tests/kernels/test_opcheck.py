@@ -70,7 +70,12 @@ def cases():
         torch.randn(6, 20, 16),
         torch.randn(6, 16, 10),
     )
+    from graphrt.kernels.quantized import quantize_int4, quantize_int8
+
+    q4, q8 = quantize_int4(torch.randn(6, 64)), quantize_int8(torch.randn(6, 64))
     return {
+        "dequantize": (*q4, torch.float32),
+        "linear_quantized": (torch.randn(3, 64), *q8, None, torch.randn(6)),
         "mla_attention": mla,
         "moe_experts": moe,
         "linear": (torch.randn(3, 33), torch.randn(7, 33), torch.randn(7)),
@@ -106,3 +111,13 @@ def test_opcheck(name):
 def test_opcheck_bf16_linear_without_bias():
     args = (torch.randn(2, 5, 40).bfloat16(), torch.randn(9, 40).bfloat16(), None)
     torch.library.opcheck(torch.ops.graphrt.linear.default, args)
+
+
+def test_opcheck_int4_linear_and_bf16_dequantize():
+    from graphrt.kernels.quantized import quantize_int4, quantize_int8
+
+    q4 = quantize_int4(torch.randn(5, 96))
+    torch.library.opcheck(torch.ops.graphrt.linear_quantized.default, (torch.randn(2, 3, 96), *q4, None))
+    torch.library.opcheck(
+        torch.ops.graphrt.dequantize.default, (*quantize_int8(torch.randn(4, 32)), None, torch.bfloat16)
+    )

@@ -1,0 +1,167 @@
+// The weight-only quantized skinny GEMM, for one instruction set (included per set by
+// isa_kernels.cpp, after simd.h). Layouts (kernels/quantized.py): blocks of 32 values along K,
+//   int4: q uint8 [N, K/2] (values 0-15 of a block in the low nibbles of its 16 bytes, 16-31 in
+//         the high ones), w = q * scale + min;     int8: q int8 [N, K], w = q * scale;
+//   scales (and mins) float16 [N, K/32].
+//
+//   y[m, n] = sum_k x[m, k] * w[n, k]      x: fp32 [M, K]; y: fp32 [M, N]
+//
+// Each weight row is read once: a block's bytes are widened to fp32 vectors in registers
+// (kVecs of them), one multiply-add per vector turns them into weights, and every activation row
+// of the tile multiplies them. The row's scales (and mins) are widened to fp32 first, K/32 of
+// them, a vector at a time. More rows than a tile holds: the weight row is dequantised once into
+// an L1 buffer and the fp32 tile runs over it for each group of rows.
+
+using graphrt_native::QuantRows;
+
+constexpr int kQBlock = 32;
+constexpr int kVecs = kQBlock / kLanes;  // fp32 vectors per block: 2 (AVX-512), 4 (AVX2), 8
+constexpr int kQMaxRows = GRT_WIDE_MB;   // activation rows whose accumulators live in registers
+
+typedef uint8_t vb_unaligned __attribute__((vector_size(kLanes), aligned(1)));
+typedef int8_t vsb_unaligned __attribute__((vector_size(kLanes), aligned(1)));
+typedef int32_t vi __attribute__((vector_size(GRT_VEC_BYTES)));
+typedef _Float16 vhalf_unaligned __attribute__((vector_size(kLanes * 2), aligned(2)));
+
+static inline void half_row(const uint16_t* h, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    store(out + i, __builtin_convertvector(*reinterpret_cast<const vhalf_unaligned*>(h + i), vf));
+  for (; i < n; ++i) {
+    _Float16 v;
+    __builtin_memcpy(&v, h + i, 2);
+    out[i] = float(v);
+  }
+}
+
+// One block's 32 weights as kVecs fp32 vectors.
+static inline void dequant4(const uint8_t* q, float scale, float mn, vf* w) {
+  const vf s = splat(scale), m = splat(mn);
+#pragma GCC unroll 8
+  for (int j = 0; j < kVecs; ++j) {
+    const int first = j * kLanes;  // values [first, first + kLanes) of the block
+    const vu bytes = __builtin_convertvector(*reinterpret_cast<const vb_unaligned*>(q + (first & 15)), vu);
+    const vu nib = first < 16 ? (bytes & 15u) : (bytes >> 4);
+    w[j] = __builtin_convertvector(nib, vf) * s + m;
+  }
+}
+
+static inline void dequant8(const int8_t* q, float scale, vf* w) {
+  const vf s = splat(scale);
+#pragma GCC unroll 8
+  for (int j = 0; j < kVecs; ++j)
+    w[j] = __builtin_convertvector(__builtin_convertvector(*reinterpret_cast<const vsb_unaligned*>(q + j * kLanes), vi),
+                                   vf) * s;
+}
+
+template <int BITS>
+static inline void dequant_block(const QuantRows& w, int64_t n, int64_t b, const float* sc, const float* mn, vf* out) {
+  if constexpr (BITS == 4) {
+    dequant4(static_cast<const uint8_t*>(w.q) + n * (w.K / 2) + b * 16, sc[b], mn[b], out);
+  } else {
+    dequant8(static_cast<const int8_t*>(w.q) + n * w.K + b * kQBlock, sc[b], out);
+  }
+}
+
+// Weight row n against `MB` activation rows from m0, dequantising each block in registers.
+template <int BITS, int MB>
+static inline void qtile(const float* x, const QuantRows& w, float* y, int64_t N, int64_t n, int64_t m0,
+                         const float* sc, const float* mn) {
+  const int64_t K = w.K, blocks = K / kQBlock;
+  vf acc[MB][kVecs];
+#pragma GCC unroll 8
+  for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < kVecs; ++j) acc[i][j] = vf{};
+  const float* xr = x + m0 * K;
+  for (int64_t b = 0; b < blocks; ++b) {
+    vf wv[kVecs];
+    dequant_block<BITS>(w, n, b, sc, mn, wv);
+    if (b + 8 < blocks) __builtin_prefetch(static_cast<const char*>(w.q) + (n * K + (b + 8) * kQBlock) * BITS / 8, 0, 0);
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+      for (int j = 0; j < kVecs; ++j) acc[i][j] += load(xr + i * K + b * kQBlock + j * kLanes) * wv[j];
+  }
+  for (int i = 0; i < MB; ++i) {
+    vf s = acc[i][0];
+    for (int j = 1; j < kVecs; ++j) s += acc[i][j];
+    y[(m0 + i) * N + n] = hsum(s);
+  }
+}
+
+// `rows` (<= kQMaxRows) activation rows with the tile of exactly that many.
+template <int BITS, int MB>
+static inline void qtile_rows(const float* x, const QuantRows& w, float* y, int64_t N, int64_t n, int64_t m0,
+                              int64_t rows, const float* sc, const float* mn) {
+  if constexpr (MB > 0) {
+    if (rows != MB) return qtile_rows<BITS, MB - 1>(x, w, y, N, n, m0, rows, sc, mn);
+    qtile<BITS, MB>(x, w, y, N, n, m0, sc, mn);
+  }
+}
+
+// Dequantised fp32 row wf [K] against `MB` activation rows from m0.
+template <int MB>
+static inline void ftile(const float* x, const float* wf, float* y, int64_t N, int64_t K, int64_t n, int64_t m0) {
+  vf acc[MB];
+#pragma GCC unroll 16
+  for (int i = 0; i < MB; ++i) acc[i] = vf{};
+  const float* xr = x + m0 * K;
+  for (int64_t k = 0; k < K; k += kLanes) {
+    const vf wv = load(wf + k);
+#pragma GCC unroll 16
+    for (int i = 0; i < MB; ++i) acc[i] += load(xr + i * K + k) * wv;
+  }
+  for (int i = 0; i < MB; ++i) y[(m0 + i) * N + n] = hsum(acc[i]);
+}
+
+template <int MB>
+static inline void ftile_rows(const float* x, const float* wf, float* y, int64_t N, int64_t K, int64_t n, int64_t m0,
+                              int64_t rows) {
+  if constexpr (MB > 0) {
+    if (rows != MB) return ftile_rows<MB - 1>(x, wf, y, N, K, n, m0, rows);
+    ftile<MB>(x, wf, y, N, K, n, m0);
+  }
+}
+
+// Output columns [n_begin, n_end): one thread's share. scratch: 2 * K / 32 + K floats.
+template <int BITS>
+static void quant_gemm(const float* x, const QuantRows& w, float* y, int64_t M, int64_t N, int64_t n_begin,
+                       int64_t n_end, float* scratch) {
+  const int64_t K = w.K, blocks = K / kQBlock;
+  float* sc = scratch;
+  float* mn = scratch + blocks;
+  float* wf = scratch + 2 * blocks;
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    half_row(w.scales + n * blocks, sc, blocks);
+    if constexpr (BITS == 4) half_row(w.mins + n * blocks, mn, blocks);
+    if (M <= kQMaxRows) {
+      qtile_rows<BITS, kQMaxRows>(x, w, y, N, n, 0, M, sc, mn);
+      continue;
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      vf wv[kVecs];
+      dequant_block<BITS>(w, n, b, sc, mn, wv);
+      for (int j = 0; j < kVecs; ++j) store(wf + b * kQBlock + j * kLanes, wv[j]);
+    }
+    for (int64_t m0 = 0; m0 < M; m0 += kQMaxRows)
+      ftile_rows<kQMaxRows>(x, wf, y, N, K, n, m0, std::min<int64_t>(kQMaxRows, M - m0));
+  }
+}
+
+// The fp32 matrix of rows [r_begin, r_end) (leading dims flattened into rows).
+template <int BITS>
+static void dequantize_rows(const QuantRows& w, float* out, int64_t r_begin, int64_t r_end, float* scratch) {
+  const int64_t K = w.K, blocks = K / kQBlock;
+  float* sc = scratch;
+  float* mn = scratch + blocks;
+  for (int64_t n = r_begin; n < r_end; ++n) {
+    half_row(w.scales + n * blocks, sc, blocks);
+    if constexpr (BITS == 4) half_row(w.mins + n * blocks, mn, blocks);
+    for (int64_t b = 0; b < blocks; ++b) {
+      vf wv[kVecs];
+      dequant_block<BITS>(w, n, b, sc, mn, wv);
+      for (int j = 0; j < kVecs; ++j) store(out + n * K + b * kQBlock + j * kLanes, wv[j]);
+    }
+  }
+}

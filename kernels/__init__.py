@@ -5,7 +5,8 @@ Importing this package registers every op. Each op has a pure-torch reference
 entry in the NPU lowering table (``npu.py``). ``linear``, ``linear_quantized``, ``dequantize`` and
 ``paged_attention`` also have native CPU kernels (``native/``, built on first use by
 ``native_library.py``), which take over on CPU tensors when the library loads. The wrappers
-below check their arguments; graph passes call ``torch.ops.graphrt.*`` directly. Kernels import nothing else from graphrt.
+below check their arguments; graph passes call ``torch.ops.graphrt.*`` directly. Kernels import
+nothing else from graphrt.
 """
 
 from graphrt.kernels.attention import paged_attention

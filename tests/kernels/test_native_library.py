@@ -16,6 +16,7 @@ CHECK = textwrap.dedent("""
     import json, torch
     import graphrt.kernels as kernels
     from graphrt.kernels import reference
+    from graphrt.kernels.quantized import dequantize_torch, quantize_int4, quantize_int8
     from tests.kernels.paged_batch import make_batch
     errs = {}
     g = torch.Generator().manual_seed(0)
@@ -26,6 +27,16 @@ CHECK = textwrap.dedent("""
             want = x.double() @ w.double().T + b.double()
             got = kernels.linear(x, w, b).double()
             errs[f"linear {dtype} {m}x{n}x{k}"] = ((got - want).abs().max() / want.abs().max()).item()
+        for bits in (4, 8):  # the quantized kernels, every row-count path
+            for m, n, k in [(1, 33, 96), (3, 7, 576), (8, 64, 64), (20, 5, 160)]:
+                w = torch.randn(n, k, generator=g)
+                q = quantize_int4(w) if bits == 4 else (*quantize_int8(w), None)
+                x = torch.randn(m, k, generator=g).to(dtype)
+                want = x.double() @ dequantize_torch(*q, torch.float64).T
+                got = kernels.linear_quantized(x, *q).double()
+                errs[f"int{bits} {dtype} {m}x{n}x{k}"] = ((got - want).abs().max() / want.abs().max()).item()
+                got = kernels.dequantize(*q, torch.float32).double()
+                errs[f"dequantize int{bits} {n}x{k}"] = (got - dequantize_torch(*q, torch.float64)).abs().max().item()
         # head_dim 64 with 3 heads per KV head and 128 with 2 take the register-held path
         for block_size, head_dim, heads in [(1, 8, 6), (16, 24, 6), (64, 64, 6), (16, 128, 4), (16, 128, 8)]:
             bt = make_batch([(200, 200), (300, 1), (33, 9)], block_size, heads, 2, head_dim, dtype=dtype,
@@ -65,7 +76,7 @@ def test_each_path_matches_the_reference(env, isa):
     else:
         assert result["isa"] == isa
     for name, err in result["errs"].items():
-        tol = 1e-5 if "float32" in name else 3e-2
+        tol = 1e-5 if "float32" in name or name.startswith("dequantize") else 3e-2
         assert err <= tol, (name, err)
 
 

@@ -84,3 +84,60 @@ def test_disabled_pass_keeps_aten_and_the_threshold_is_in_the_identity():
 
     assert UseSkinnyGemm(max_rows=16).uuid() != UseSkinnyGemm(max_rows=8).uuid()
     assert "use_skinny_gemm" not in [p.name for p in PassManager("torchair").passes]
+
+
+QOP = torch.ops.graphrt.linear_quantized.default
+
+
+def dequantizes(graph) -> int:
+    """Dynamo records the op as its packet, a pass may emit the overload: count both."""
+    return count(graph, torch.ops.graphrt.dequantize) + count(graph, torch.ops.graphrt.dequantize.default)
+
+
+class QuantizedMlp(nn.Module):
+    """Mlp with int4 up and int8 down projections (the layouts quantize-at-load produces)."""
+
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        from graphrt.kernels.quantized import quantize_int4, quantize_int8
+        from graphrt.models.quantized import QuantizedLinear
+
+        self.up = QuantizedLinear(64, 96, 4, bias=True)
+        self.down = QuantizedLinear(96, 64, 8, bias=False)
+        self.up.qweight, self.up.scales, self.up.mins = quantize_int4(torch.randn(96, 64))
+        self.up.bias = nn.Parameter(torch.randn(96).to(dtype))
+        self.down.qweight, self.down.scales = quantize_int8(torch.randn(64, 96))
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_projections_of_few_rows_read_the_quantized_bytes(dtype):
+    model = QuantizedMlp(dtype)
+    x = torch.randn(4, 64, dtype=dtype)
+    rec = RecordingBackend()
+    with torch.no_grad():
+        got = rec.compile(model)(x)
+        want = model(x)  # eager: the spelling as written (a whole float matrix per call)
+    assert dequantizes(rec.before) == 2 and count(rec.before, LINEAR) == 2 and count(rec.before, QOP) == 0
+    assert count(rec.after, QOP) == 2 and dequantizes(rec.after) == 0 and count(rec.after, LINEAR) == 0
+    assert rec.results["use_skinny_gemm"].matched == 2
+    # bf16: eager rounds the dequantised weights to bf16, the kernel keeps them fp32: compare
+    # relative to the output's scale
+    err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+    assert err <= (1e-5 if dtype == torch.float32 else 2e-2), err
+
+
+def test_quantized_prefill_keeps_the_dequantize_spelling_and_a_disabled_pass_changes_nothing():
+    model = QuantizedMlp()
+    x = torch.randn(65, 64)
+    rec = RecordingBackend()
+    with torch.no_grad():
+        torch.testing.assert_close(rec.compile(model)(x), model(x))
+    assert count(rec.after, QOP) == 0 and dequantizes(rec.after) == 2 and count(rec.after, LINEAR) == 2
+    assert rec.results["use_skinny_gemm"].unmatched == 2
+    off = RecordingBackend(disabled=("use_skinny_gemm",))
+    with torch.no_grad():
+        torch.testing.assert_close(off.compile(model)(x[:3]), model(x[:3]))
+    assert count(off.after, QOP) == 0 and dequantizes(off.after) == 2

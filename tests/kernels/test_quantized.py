@@ -1,0 +1,112 @@
+"""The quantized ops against a reference built from the ``gguf`` package's own quantizer and
+dequantizer: GGUF blocks (Q4_0, Q4_1, Q8_0) split into graphrt's layout, then
+``graphrt::linear_quantized`` / ``graphrt::dequantize`` compared with gguf's float matrix times x.
+Also the quantize-at-load packers (round trip within half a step), and every argument error."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as GGML
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+
+from graphrt import kernels
+from graphrt.kernels import KernelArgumentError
+from graphrt.kernels.quantized import dequantize_torch, linear_quantized_torch, quantize_int4, quantize_int8
+from graphrt.loader.quantization import from_gguf_blocks
+
+KINDS = ("Q4_0", "Q4_1", "Q8_0")
+
+
+def gguf_matrix(n: int, k: int, kind: str, seed: int):
+    """(graphrt's quantized layout, gguf's own dequantised float64 matrix) of a random [n, k]."""
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    blocks = gguf_quantize(w, GGML[kind])
+    q = from_gguf_blocks(blocks, kind, (n, k))
+    return q, torch.from_numpy(gguf_dequantize(blocks, GGML[kind]).astype(np.float64))
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want).abs().max() / want.abs().max().clamp(min=1.0)).item()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_quantized_matches_gguf_dequantised_matmul(kind, dtype):
+    # N: odd, vector-width and block multiples; K: one block, odd block counts, SmolLM2's widths
+    for n, k in [(1, 32), (7, 96), (33, 576), (64, 224), (577, 1536)]:
+        q, w = gguf_matrix(n, k, kind, seed=n + k)
+        for m in (1, 2, 3, 5, 8, 9, 16, 17, 64):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+            bias = torch.randn(n).to(dtype) if m % 2 else None
+            want = x.double() @ w.T + (0 if bias is None else bias.double())
+            got = kernels.linear_quantized(x, q.qweight, q.scales, q.mins, bias)
+            assert got.shape == (m, n) and got.dtype == dtype
+            # fp32: the weights are exactly gguf's (one fused rounding apart), sums reordered;
+            # bf16: one rounding of the output (2^-8) plus slack
+            tol = 2e-5 if dtype == torch.float32 else 1e-2
+            assert rel_err(got, want) <= tol, (kind, n, k, m, rel_err(got, want))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dequantize_equals_gguf_and_the_torch_body(kind):
+    q, w = gguf_matrix(65, 320, kind, seed=1)
+    got = kernels.dequantize(q.qweight, q.scales, q.mins, torch.float32)
+    torch.testing.assert_close(got.double(), w, atol=1e-6, rtol=1e-6)
+    assert torch.equal(dequantize_torch(q.qweight, q.scales, q.mins, torch.float32).double(), w)
+    rows = torch.tensor([3, 0, 64, 3])  # an embedding lookup: only the gathered rows
+    mins = None if q.mins is None else q.mins[rows]
+    picked = kernels.dequantize(q.qweight[rows], q.scales[rows], mins, torch.bfloat16)
+    assert picked.dtype == torch.bfloat16
+    torch.testing.assert_close(picked.double(), w[rows].bfloat16().double())
+
+
+def test_the_native_op_and_the_portable_body_agree_on_3d_inputs():
+    q = quantize_int4(torch.randn(40, 64))
+    x = torch.randn(2, 3, 64)
+    got = kernels.linear_quantized(x, *q)
+    assert got.shape == (2, 3, 40)
+    torch.testing.assert_close(got, linear_quantized_torch(x, *q, None), atol=1e-4, rtol=1e-4)
+
+
+def test_quantize_at_load_round_trips_within_half_a_step():
+    w = torch.randn(48, 128) * torch.linspace(0.01, 3, 48)[:, None]
+    w[5] = 0  # an all-zero block has scale 0: values stay 0, no division by zero
+    q8, s8 = quantize_int8(w)
+    back8 = dequantize_torch(q8, s8, None, torch.float32)
+    step8 = s8.float().repeat_interleave(32, dim=1)
+    assert ((back8 - w).abs() <= step8 / 2 + 1e-3 * w.abs()).all()
+    q4, s4, m4 = quantize_int4(w)
+    back4 = dequantize_torch(q4, s4, m4, torch.float32)
+    step4 = s4.float().repeat_interleave(32, dim=1)
+    # float16 scales and mins add a rounding of their own to the half step
+    assert ((back4 - w).abs() <= step4 / 2 + 2e-3 * w.abs().amax(dim=1, keepdim=True)).all()
+    assert torch.equal(back4[5], torch.zeros(128)) and torch.equal(back8[5], torch.zeros(128))
+
+
+def test_bad_arguments_are_named():
+    q, s, m = quantize_int4(torch.randn(8, 64))
+    x = torch.randn(2, 64)
+    with pytest.raises(KernelArgumentError, match="qweight must be uint8 .* or int8"):
+        kernels.linear_quantized(x, q.to(torch.int32), s, m)
+    with pytest.raises(KernelArgumentError, match="scales must be float16, got torch.float32"):
+        kernels.linear_quantized(x, q, s.float(), m)
+    with pytest.raises(KernelArgumentError, match=r"scales must have shape \(8, 2\)"):
+        kernels.linear_quantized(x, q, s[:, :1].contiguous(), m)
+    with pytest.raises(KernelArgumentError, match="mins is required for int4"):
+        kernels.linear_quantized(x, q, s, None)
+    with pytest.raises(KernelArgumentError, match="mins must be None for int8"):
+        kernels.linear_quantized(x, *quantize_int8(torch.randn(8, 64)), m)
+    with pytest.raises(KernelArgumentError, match="x has size 32 in dim 1, expected 64"):
+        kernels.linear_quantized(torch.randn(2, 32), q, s, m)
+    with pytest.raises(KernelArgumentError, match="x must be float32 or bfloat16"):
+        kernels.linear_quantized(x.half(), q, s, m)
+    with pytest.raises(KernelArgumentError, match="qweight must be contiguous"):
+        wide = torch.zeros(8, 64, dtype=torch.uint8)
+        kernels.linear_quantized(x, wide[:, :32], s, m)
+    with pytest.raises(KernelArgumentError, match="not a whole number of 32-value blocks"):
+        kernels.dequantize(torch.zeros(4, 40, dtype=torch.int8), torch.zeros(4, 1, dtype=torch.float16))
+    with pytest.raises(KernelArgumentError, match=r"bias has size 3 in dim 0, expected 8"):
+        kernels.linear_quantized(x, q, s, m, torch.randn(3))
+    with pytest.raises(KernelArgumentError, match="not a multiple of the 32-value block"):
+        quantize_int4(torch.randn(4, 48))

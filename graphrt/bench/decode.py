@@ -9,7 +9,7 @@ import time
 import torch
 
 from graphrt.bench.common import machine_facts, median, p90, print_facts, write_json
-from graphrt.bench.roofline import decode_step_bytes, measure_bandwidth
+from graphrt.bench.roofline import decode_step_bytes, measure_bandwidth, weight_bytes
 
 
 def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -128,6 +128,7 @@ def bench_decode(
     backend: str = "inductor",
     profile: str | None = None,
     vs_llamacpp: bool = False,
+    quantizations: tuple[str, ...] = (),
 ) -> dict:
     from graphrt.llm import LLM
     from graphrt.runner.graph_cache import CaptureSizes
@@ -148,8 +149,19 @@ def bench_decode(
     sizes = CaptureSizes(
         decode=tuple(sorted(set(batch_sizes))), mixed=tuple(sorted({b * prompt_len for b in batch_sizes}))
     )
-    compiled = LLM(model, capture_sizes=sizes, graph_cache=graph_cache, backend=backend, **common)
+    # graphrt's float path: a quantized GGUF dequantised at load, as transformers reads it
+    compiled = LLM(model, capture_sizes=sizes, graph_cache=graph_cache, backend=backend, quantization="none", **common)
     eager = LLM(compiled.engine.loaded.model, compile=False, **common)
+    quantized = {
+        q: LLM(
+            *quantized_source(model, q, compiled.engine.loaded.model),
+            capture_sizes=sizes,
+            graph_cache=graph_cache,
+            backend=backend,
+            **common,
+        )
+        for q in quantizations
+    }
     hf = load_transformers(model, compiled.engine.dtype) if with_transformers else None
     cfg = compiled.engine.loaded.config
     bandwidth = measure_bandwidth()
@@ -166,6 +178,15 @@ def bench_decode(
         row = {"batch": b, "graphrt": run_graphrt(compiled, prompts, gen_len)}
         row["bandwidth_gb_s"] = (before + measure_bandwidth()) / 2e9
         row["graphrt_eager"] = run_graphrt(eager, prompts, gen_len)
+        for q, llm in quantized.items():
+            run_graphrt(llm, prompts, 4)
+            qrow = row.setdefault("quantized", {})[q] = run_graphrt(llm, prompts, gen_len)
+            q_bytes = decode_step_bytes(llm.engine.loaded.model, cfg, b, prompt_len + gen_len // 2, llm.engine.dtype)
+            qrow["weight_bytes"] = weight_bytes(llm.engine.loaded.model)
+            qrow["roofline_tok_s"] = b * row["bandwidth_gb_s"] * 1e9 / q_bytes
+            qrow["roofline_frac"] = qrow["decode_tok_s"] / qrow["roofline_tok_s"]
+            qrow["vs_fp32"] = qrow["decode_tok_s"] / row["graphrt"]["decode_tok_s"]
+            qrow["same_tokens_as_fp32"] = sum(a == b for a, b in zip(qrow.pop("tokens"), row["graphrt"]["tokens"]))
         if llamacpp is not None and b == 1:  # llama.cpp's Python API runs one sequence
             llamacpp.run(prompts[0], 4)
             row["llamacpp"] = llamacpp.run(prompts[0], gen_len)
@@ -194,6 +215,20 @@ def bench_decode(
         "capture": [(r.key.name, r.how, round(r.seconds, 1)) for r in compiled.capture_report()],
         "profile_shares": shares,
     }
+
+
+def quantized_source(model: str | None, quantization: str, float_model) -> tuple:
+    """(model, quantization) for LLM: "int4" of a Q4 GGUF is the file as stored (its Q8_0
+    embedding included); anything else is the float model quantized at load."""
+    from graphrt.loader import default_model_path
+    from graphrt.loader.gguf_file import GGUFCheckpoint
+
+    path = model or default_model_path()
+    if quantization == "int4" and path.endswith(".gguf"):
+        kinds = {t.tensor_type.name for t in GGUFCheckpoint(path).reader.tensors}
+        if kinds & {"Q4_0", "Q4_1"}:
+            return path, None
+    return float_model, quantization
 
 
 def start_llamacpp(model: str | None, dtype: str, n_ctx: int):
@@ -265,6 +300,13 @@ def print_row(row: dict) -> None:
         print(
             f"batch {b:>3}  {name:<14} {r['decode_tok_s']:8.1f} tok/s  step {r['step_ms_median']:7.2f} ms "
             f"(p90 {r['step_ms_p90']:7.2f})  ttft {r['ttft_s']:6.3f} s{extra}"
+        )
+    for q, r in row.get("quantized", {}).items():
+        print(
+            f"batch {b:>3}  graphrt {q:<6} {r['decode_tok_s']:8.1f} tok/s  step {r['step_ms_median']:7.2f} ms  "
+            f"{r['vs_fp32']:.2f}x graphrt fp32, roofline {r['roofline_tok_s']:.1f} tok/s "
+            f"({100 * r['roofline_frac']:.0f}% reached, {r['weight_bytes'] / 1e6:.0f} MB of weights), "
+            f"{r['same_tokens_as_fp32']}/{b} rows with fp32's tokens"
         )
     if "ratio_vs_transformers" in row:
         print(

@@ -27,11 +27,35 @@ SMOLLM2_SHAPES = {
 COLD_BYTES = 256 * 2**20  # per shape and sweep: well past any last-level cache here (32 MiB)
 
 
-def _engines():
+QUANTIZED = ("int8", "int4")  # weight formats measured with fp32 activations
+
+
+def _engines(quantized: bool = False):
+    if quantized:  # graphrt reads the quantized bytes; aten gets the matrix dequantised first
+        return {
+            "graphrt": lambda x, w: torch.ops.graphrt.linear_quantized(x, *w, None),
+            "aten": lambda x, w: F.linear(x, torch.ops.graphrt.dequantize(*w, x.dtype)),
+        }
     return {
         "graphrt": lambda x, w: torch.ops.graphrt.linear(x, w, None),
         "aten": lambda x, w: F.linear(x, w),
     }
+
+
+def _matrix(n: int, k: int, kind: str):
+    from graphrt.kernels.quantized import quantize_int4, quantize_int8
+
+    w = torch.randn(n, k)
+    if kind == "int4":
+        return quantize_int4(w)
+    if kind == "int8":
+        return (*quantize_int8(w), None)
+    return w.to(getattr(torch, kind))
+
+
+def _bytes(w) -> int:
+    parts = w if isinstance(w, tuple) else (w,)
+    return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
 
 def _sweep_seconds(fn, x, weights, repeats: int) -> float:
@@ -58,20 +82,22 @@ def bench_kernels(
     print(f"native kernels: {kernels.NATIVE_ISA or 'off'}; read bandwidth measured around each row")
     results = []
     for dtype_name in dtypes:
-        dtype = getattr(torch, dtype_name)
+        quantized = dtype_name in QUANTIZED
+        dtype = torch.float32 if quantized else getattr(torch, dtype_name)
+        engines = _engines(quantized)
         mats = {}
         for name, (n, k) in shapes.items():
-            count = max(2, math.ceil(cold_bytes / (n * k * dtype.itemsize)))
-            mats[name] = [torch.randn(n, k).to(dtype) for _ in range(count)]
+            one = _bytes(_matrix(n, k, dtype_name))
+            mats[name] = [_matrix(n, k, dtype_name) for _ in range(max(2, math.ceil(cold_bytes / one)))]
         for m in rows:
             row = {"dtype": dtype_name, "rows": m, "shapes": {}}
             before = measure_bandwidth()  # the machine drifts: each row gets its own, around it
-            total = {e: [0, 0.0] for e in _engines()}
+            total = {e: [0, 0.0] for e in engines}
             for name, weights in mats.items():
-                x = torch.randn(m, weights[0].shape[1]).to(dtype)
-                nbytes = sum(w.numel() * w.element_size() for w in weights)
+                x = torch.randn(m, shapes[name][1]).to(dtype)
+                nbytes = sum(_bytes(w) for w in weights)
                 per = {}
-                for engine, fn in _engines().items():  # side by side, shape by shape
+                for engine, fn in engines.items():  # side by side, shape by shape
                     s = _sweep_seconds(fn, x, weights, repeats)
                     per[engine] = nbytes / s / 1e9
                     total[engine][0] += nbytes

@@ -23,7 +23,10 @@ def measure_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Parameters and persistent buffers (a quantized model's weights are buffers)."""
+    persistent = dict(model.named_buffers()).keys() & model.state_dict().keys()
+    buffers = [b for name, b in model.named_buffers() if name in persistent]
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *buffers))
 
 
 def decode_step_bytes(model: torch.nn.Module, cfg, batch: int, context: int, dtype: torch.dtype) -> int:

@@ -1,4 +1,4 @@
-"""``graphrt bench decode | kernels | startup | roofline | grammar | spec | serve``."""
+"""``graphrt bench decode | kernels | startup | roofline | grammar | spec | serve | quality``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def add_parser(sub) -> None:
         ("grammar", "constrained vs unconstrained step time"),
         ("spec", "plain decoding against n-gram (or MTP) speculative decoding, side by side"),
         ("serve", "graphrt serve under concurrent streaming clients against offline LLM.generate"),
+        ("quality", "perplexity and greedy agreement of fp32, bf16, int8 and int4 weights, one model"),
     ):
         k = kinds.add_parser(name, help=help_)
         k.add_argument("--json", default=None, help="write the results as JSON here")
@@ -48,6 +49,12 @@ def add_parser(sub) -> None:
                 "--lora-targets", default="all", choices=["all", "attn", "qv"], help="the modules LoRA is served on"
             )
             k.add_argument(
+                "--quantization",
+                default="",
+                help="also run these weight formats side by side (int4,int8): int4 of a Q4 GGUF is the file as "
+                "stored, otherwise the float model quantized at load",
+            )
+            k.add_argument(
                 "--vs-llamacpp",
                 action="store_true",
                 help="run llama.cpp (llama-cpp-python) at batch 1 on an F32/F16 copy of the GGUF, interleaved",
@@ -59,7 +66,11 @@ def add_parser(sub) -> None:
             )
         if name == "kernels":
             k.add_argument("--rows", type=_sizes, default=[1, 2, 4, 8, 16], help="activation row counts, e.g. 1,8")
-            k.add_argument("--dtypes", default="float32,bfloat16", help="weight/activation dtypes, comma-separated")
+            k.add_argument(
+                "--dtypes",
+                default="float32,bfloat16",
+                help="weight dtypes, comma-separated: float32, bfloat16, int8, int4 (fp32 activations)",
+            )
         if name == "spec":
             k.add_argument("--batch-sizes", type=_sizes, default=[1, 8])
             k.add_argument("--ks", type=_sizes, default=None, help="num_speculative_tokens values (3,5; MTP: 1,3)")
@@ -79,6 +90,15 @@ def add_parser(sub) -> None:
             k.add_argument("--time-limit", type=float, default=600, help="seconds the load may take at most")
             k.add_argument("--port", type=int, default=8123)
             k.add_argument("--rounds", type=int, default=3, help="offline and served passes, alternated")
+        if name == "quality":
+            k.add_argument("--formats", default="float32,bfloat16,int8,int4", help="weight formats, comma-separated")
+            k.add_argument("--gen-len", type=int, default=128, help="greedy tokens compared with fp32's")
+            k.add_argument(
+                "--backend",
+                default="eager",
+                choices=["eager", "inductor", "none"],
+                help="graphs' inner backend (eager: rewritten graphs without Inductor compiles); none: no graphs",
+            )
         if name == "grammar":
             k.add_argument("--batch", type=int, default=4)
             k.add_argument("--no-compile", action="store_true")
@@ -108,11 +128,16 @@ def run(args: argparse.Namespace) -> int:
             backend=args.backend,
             profile=None if roofline_only else args.profile,
             vs_llamacpp=not roofline_only and args.vs_llamacpp,
+            quantizations=tuple(q for q in getattr(args, "quantization", "").split(",") if q),
         )
         if not roofline_only and args.plot:
             plot(result, args.plot)
         if roofline_only:
             print(f"bandwidth {result['bandwidth_gb_s']:.1f} GB/s (streaming read)")
+    elif args.bench == "quality":
+        from graphrt.bench.quality import bench_quality
+
+        result = bench_quality(args.model, tuple(args.formats.split(",")), args.gen_len, args.backend)
     elif args.bench == "kernels":
         from graphrt.bench.kernels import bench_kernels
 

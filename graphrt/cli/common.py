@@ -14,6 +14,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     unset = "default: a shipped graph cache's setting, else "
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help=unset + "float32")
+    p.add_argument(
+        "--quantization",
+        default=None,
+        choices=["int8", "int4", "none"],
+        help="int8/int4: quantize a float checkpoint at load; none: dequantise a quantized GGUF "
+        "(default: weights as stored, a Q4/Q8 GGUF stays quantized)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=None, help=unset + "8")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help=unset + "256")
     p.add_argument("--max-model-len", type=int, default=None)
@@ -66,6 +73,7 @@ def llm_kwargs(args: argparse.Namespace) -> dict:
     return dict(
         model=args.model,
         dtype=args.dtype,
+        quantization=args.quantization,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,

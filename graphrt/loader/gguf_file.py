@@ -151,9 +151,9 @@ class GGUFCheckpoint:
 
 def _unpermuted(name: str, w, cfg: ModelConfig):
     """q and k with llama.cpp's row permutation undone (rows only: quantized blocks move whole)."""
-    heads = cfg.num_heads if name.endswith("q_proj.weight") else cfg.num_kv_heads
     if not name.endswith(("q_proj.weight", "k_proj.weight")):
         return w
+    heads = cfg.num_heads if name.endswith("q_proj.weight") else cfg.num_kv_heads
     if isinstance(w, torch.Tensor):
         return unpermute_rows(w, heads)
     order = unpermute_rows(torch.arange(w.shape[0])[:, None], heads)[:, 0]

@@ -27,7 +27,7 @@ class AdapterSlots:
         self.parts = {
             path: tuple(sorted(j for m, (p, j) in TARGETS.items() if p == path and m in self.targets)) for path in PARTS
         }
-        weight = model.layers[0].self_attn.qkv_proj.weight
+        weight = model.norm.weight  # the activations' dtype (a quantized projection has no float weight)
         width = num_slots * max_rank
         for i, layer in enumerate(layers):
             for path, parts in self.parts.items():

@@ -62,8 +62,3 @@ def dense_weight(module: nn.Module, dtype: torch.dtype) -> torch.Tensor:
 
 def quantized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, (QuantizedLinear, QuantizedEmbedding))]
-
-
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of every parameter and buffer: what a decode step streams, about."""
-    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))

@@ -7,6 +7,7 @@ import os
 import gguf
 import numpy as np
 import pytest
+import torch
 from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
 
@@ -84,11 +85,27 @@ def test_quantized_tensors_are_dequantised_with_a_notice(tmp_path, caplog):
     w = x(seed=3)
     path = write(tmp_path / "q.gguf", [("blk.0.ffn_down.weight", w, T.Q8_0), ("blk.0.ffn_up.weight", w, T.F32)])
     with caplog.at_level(logging.WARNING, logger="graphrt.loader"):
-        source = GGUFCheckpoint(path).tensors(cfg=None)
+        source = GGUFCheckpoint(path).tensors(cfg=None, keep_quantized=False)
     assert any("Q8_0 (1 tensors) are dequantised" in r.message for r in caplog.records)
     got = source.get(DOWN, (4, 64)).numpy()
     np.testing.assert_allclose(got, w, atol=np.abs(w).max() / 100)  # Q8_0: 8-bit blocks
     assert os.path.getsize(path) > 0
+
+
+def test_q4_q8_stay_quantized_and_other_types_are_dequantised_with_a_notice(tmp_path, caplog):
+    from graphrt.loader.quantization import QuantizedTensor
+
+    w = x(seed=4)
+    path = write(tmp_path / "k.gguf", [("blk.0.ffn_down.weight", w, T.Q8_0), ("blk.0.ffn_up.weight", w, T.Q5_0)])
+    with caplog.at_level(logging.WARNING, logger="graphrt.loader"):
+        source = GGUFCheckpoint(path).tensors(cfg=None)
+    notices = [r.message for r in caplog.records]
+    assert any("Q5_0 (1 tensors) are dequantised" in m for m in notices)
+    assert not any("Q8_0" in m for m in notices)
+    assert isinstance(source.get(DOWN, (4, 64)), QuantizedTensor)
+    up = source.get("model.layers.0.mlp.up_proj.weight", (4, 64))
+    assert up.dtype == torch.float32
+    np.testing.assert_allclose(up.numpy(), w, atol=np.abs(w).max() / 10)  # Q5_0: 5-bit blocks
 
 
 def test_a_type_the_gguf_package_cannot_dequantise_is_named(tmp_path, monkeypatch):
@@ -102,4 +119,4 @@ def test_a_type_the_gguf_package_cannot_dequantise_is_named(tmp_path, monkeypatc
     with pytest.raises(
         CheckpointError, match=r"tensor blk\.0\.ffn_down\.weight has GGML type Q8_0, which graphrt cannot read"
     ):
-        checkpoint.tensors(cfg=None).get(DOWN, (4, 64))
+        checkpoint.tensors(cfg=None, keep_quantized=False).get(DOWN, (4, 64))

@@ -1,0 +1,161 @@
+"""Quantized models end to end: SmolLM2's GGUF run as int4/int8 against the same file dequantised
+to fp32, quantize-at-load of a tiny random model against its fp32 self, GGUF blocks kept through
+q/k un-permutation and the weights cache, and bad requests named."""
+
+import types
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from graphrt import SamplingParams
+from graphrt.loader import load_model
+from graphrt.loader.gguf_file import GGUFCheckpoint
+from graphrt.loader.quantization import QuantizedTensor
+from graphrt.loader.weights_cache import WeightsCache
+from graphrt.models.quantized import QuantizedEmbedding, QuantizedLinear
+from graphrt.runner.graph_cache import CaptureSizes
+from tests.helpers import make_llm
+from tests.oracle import random_prompts
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Write a haiku about the sea.",
+]
+
+
+def prompt_logprob_values(outs):
+    """Each prompt token's own log-probability (position 0 has none)."""
+    return [torch.tensor([e[t] for t, e in zip(o.prompt_token_ids[1:], o.prompt_logprobs[1:])]) for o in outs]
+
+
+def test_smollm2_gguf_runs_quantized_like_its_dequantised_self():
+    """The GGUF's Q4_1 layers and Q8_0 embedding / LM head stay quantized and are read by
+    graphrt::linear_quantized in the graphs; the float model is the same file dequantised (gguf's
+    own dequantiser). Both hold the same weights up to one rounding (the kernel fuses q*scale + min),
+    so the logits differ by the order of fp32 sums alone: through 30 layers that stays far below
+    1e-3 in log-probability, while a wrong nibble, scale or row order moves them by whole units."""
+    common = dict(
+        compile=True,
+        backend="eager",  # graphs rewritten by the passes, replayed as Python: no Inductor compile
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        capture_sizes=CaptureSizes(decode=(4,), mixed=(32,)),
+        max_model_len=64,
+    )
+    params = SamplingParams(max_tokens=16, temperature=0, prompt_logprobs=1)
+    quantized = make_llm(None, **common)
+    model = quantized.engine.loaded.model
+    assert isinstance(model.embed_tokens, QuantizedEmbedding) and model.embed_tokens.bits == 8
+    assert isinstance(model.layers[0].mlp.down_proj, QuantizedLinear) and model.layers[0].mlp.down_proj.bits == 4
+    assert any("use_skinny_gemm=121" in line for line in quantized.pass_report())  # 120 projections + LM head
+    q_outs = quantized.generate(PROMPTS, params)
+    assert quantized.stats()["graph_misses"] == 0
+    del quantized, model
+    dense = make_llm(None, quantization="none", **common)
+    assert not any(isinstance(m, QuantizedLinear) for m in dense.engine.loaded.model.modules())
+    d_outs = dense.generate(PROMPTS, params)
+    for q, d in zip(q_outs, d_outs):
+        assert q.token_ids == d.token_ids  # the first 16 greedy tokens
+    for q, d in zip(prompt_logprob_values(q_outs), prompt_logprob_values(d_outs)):
+        assert (q - d).abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("quantization,tol", [("int8", 0.03), ("int4", 0.5)])
+def test_quantize_at_load_keeps_prompt_logprobs_near_the_fp32_models(tiny_model, quantization, tol):
+    """Tolerances: int8 blocks round each weight by at most max|w| / 254 of its block (about 0.2%
+    of a weight's scale), int4 blocks by (max - min) / 30 (about 3%); through a 2-layer model with
+    weights of scale 0.2 these move log-probabilities by a few thousandths (int8) and a few tenths
+    (int4) at most. A dropped scale, min or nibble half would move them by whole units."""
+    path = tiny_model("llama_gqa")
+    prompts = random_prompts([40, 17], seed=91)
+    params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
+    fp32 = make_llm(path, max_model_len=128, kv_cache_memory=2_000_000)
+    want = prompt_logprob_values(fp32.generate(prompts, params))
+    q = make_llm(path, quantization=quantization, max_model_len=128, kv_cache_memory=2_000_000)
+    bits = {"int8": 8, "int4": 4}[quantization]
+    assert {m.bits for m in q.engine.loaded.model.modules() if isinstance(m, QuantizedLinear)} == {bits}
+    assert isinstance(q.engine.loaded.model.embed_tokens, QuantizedEmbedding)
+    got = prompt_logprob_values(q.generate(prompts, params))
+    errs = [(g - w).abs().max().item() for g, w in zip(got, want)]
+    assert max(errs) < tol, errs
+    assert max(errs) > 0  # the weights did change: the test compares two different models
+
+
+def test_an_in_memory_model_quantized_in_compiled_graphs_equals_its_eager_self(tiny_model):
+    path = tiny_model("qwen2_tied")  # q/k/v biases and a tied LM head over a quantized embedding
+    base = load_model(path).model
+    prompts = random_prompts([21, 6], seed=92)
+    params = SamplingParams(max_tokens=6, temperature=0, prompt_logprobs=0)
+    eager = make_llm(base, quantization="int4", max_model_len=128, kv_cache_memory=2_000_000)
+    graphs = make_llm(
+        base,
+        quantization="int4",
+        compile=True,
+        backend="eager",
+        max_num_seqs=2,
+        max_num_batched_tokens=32,
+        capture_sizes=CaptureSizes(decode=(2,), mixed=(32,)),
+        max_model_len=128,
+        kv_cache_memory=2_000_000,
+    )
+    e_outs, g_outs = eager.generate(prompts, params), graphs.generate(prompts, params)
+    assert [o.token_ids for o in e_outs] == [o.token_ids for o in g_outs]
+    for e, g in zip(prompt_logprob_values(e_outs), prompt_logprob_values(g_outs)):
+        assert (e - g).abs().max().item() < 1e-4
+    assert graphs.stats()["graph_misses"] == 0
+
+
+def write_gguf(path, tensors):
+    w = gguf.GGUFWriter(str(path), "llama")
+    for name, x, kind in tensors:
+        w.add_tensor(name, gguf.quants.quantize(x, kind), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", [T.Q4_0, T.Q4_1, T.Q8_0])
+def test_gguf_blocks_stay_quantized_through_the_q_k_row_permutation(tmp_path, kind):
+    rng = np.random.default_rng(3)
+    q, k = rng.standard_normal((8, 64)).astype(np.float32), rng.standard_normal((4, 64)).astype(np.float32)
+    path = write_gguf(tmp_path / "qk.gguf", [("blk.0.attn_q.weight", q, kind), ("blk.0.attn_k.weight", k, kind)])
+    cfg = types.SimpleNamespace(num_heads=2, num_kv_heads=1)
+    kept = GGUFCheckpoint(path).tensors(cfg)
+    floats = GGUFCheckpoint(path).tensors(cfg, keep_quantized=False)
+    attn = "model.layers.0.self_attn."
+    for name, shape in ((attn + "q_proj.weight", (8, 64)), (attn + "k_proj.weight", (4, 64))):
+        t = kept.get(name, shape)
+        assert isinstance(t, QuantizedTensor) and t.bits == (8 if kind == T.Q8_0 else 4)
+        assert torch.equal(t.dequantize(), floats.get(name, shape))  # same rows, same order, same values
+
+
+def test_the_weights_cache_maps_quantized_tensors(tmp_path, tiny_model):
+    from graphrt.loader import hf_dir
+
+    cfg = hf_dir.read_config(tiny_model("llama_gqa"))
+    state = {
+        "a.qweight": torch.randint(0, 255, (4, 16), dtype=torch.uint8),
+        "a.scales": torch.randn(4, 1).half(),
+        "b.qweight": torch.randint(-127, 127, (4, 32), dtype=torch.int8),
+    }
+    cache = WeightsCache(str(tmp_path))
+    cache.store("k", cfg, state)
+    hit = cache.load("k")
+    assert hit is not None and set(hit.state) == set(state)
+    for name, t in state.items():
+        assert hit.state[name].dtype == t.dtype and torch.equal(hit.state[name], t)
+
+
+def test_bad_quantization_requests_are_named(tiny_model):
+    with pytest.raises(
+        ValueError, match=r"quantization 'int3' is not supported; use one of \['int8', 'int4', 'none'\]"
+    ):
+        load_model(tiny_model("llama_gqa"), quantization="int3")
+    with pytest.raises(ValueError, match="quantization='int8' is supported for the Llama family, not DeepseekV3"):
+        load_model(tiny_model("deepseek_v3"), quantization="int8")

@@ -152,15 +152,17 @@ def bench_decode(
     # graphrt's float path: a quantized GGUF dequantised at load, as transformers reads it
     compiled = LLM(model, capture_sizes=sizes, graph_cache=graph_cache, backend=backend, quantization="none", **common)
     eager = LLM(compiled.engine.loaded.model, compile=False, **common)
+    sources = {q: quantized_source(model, q, compiled.engine.loaded.model) for q in quantizations}
     quantized = {
         q: LLM(
-            *quantized_source(model, q, compiled.engine.loaded.model),
+            source,
+            quantization=quantization,
             capture_sizes=sizes,
             graph_cache=graph_cache,
             backend=backend,
             **common,
         )
-        for q in quantizations
+        for q, (source, quantization) in sources.items()
     }
     hf = load_transformers(model, compiled.engine.dtype) if with_transformers else None
     cfg = compiled.engine.loaded.config

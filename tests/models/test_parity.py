@@ -16,7 +16,7 @@ def prefill_logits(model, cfg, ids: torch.Tensor, block_size: int = 4) -> torch.
     t = ids.shape[0]
     nb = -(-t // block_size) + 1
     (kh, kd), (vh, vd) = cfg.kv_cache_dims()
-    dtype = model.embed_tokens.weight.dtype
+    dtype = model.norm.weight.dtype
     caches = [
         (torch.zeros(nb, block_size, kh, kd, dtype=dtype), torch.zeros(nb, block_size, vh, vd, dtype=dtype))
         for _ in range(cfg.num_layers)

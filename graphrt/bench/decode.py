@@ -134,6 +134,8 @@ def bench_decode(
     from graphrt.runner.graph_cache import CaptureSizes
 
     llamacpp = start_llamacpp(model, dtype, prompt_len + gen_len + 16) if vs_llamacpp else None
+    # the quantized file itself, beside graphrt's int4 engine (which runs the same file as stored)
+    llamacpp_q = start_llamacpp_quantized(model, prompt_len + gen_len + 16) if vs_llamacpp and quantizations else None
 
     facts = machine_facts(dtype)
     print_facts(facts)
@@ -183,6 +185,11 @@ def bench_decode(
         for q, llm in quantized.items():
             run_graphrt(llm, prompts, 4)
             qrow = row.setdefault("quantized", {})[q] = run_graphrt(llm, prompts, gen_len)
+            if llamacpp_q is not None and b == 1 and sources[q][1] is None:  # the file as stored
+                llamacpp_q.run(prompts[0], 4)
+                qrow["llamacpp"] = llamacpp_q.run(prompts[0], gen_len)
+                qrow["ratio_vs_llamacpp"] = qrow["decode_tok_s"] / qrow["llamacpp"]["decode_tok_s"]
+                qrow["same_tokens_as_llamacpp"] = qrow["tokens"][0] == qrow["llamacpp"].pop("tokens")
             q_bytes = decode_step_bytes(llm.engine.loaded.model, cfg, b, prompt_len + gen_len // 2, llm.engine.dtype)
             qrow["weight_bytes"] = weight_bytes(llm.engine.loaded.model)
             qrow["roofline_tok_s"] = b * row["bandwidth_gb_s"] * 1e9 / q_bytes
@@ -231,6 +238,18 @@ def quantized_source(model: str | None, quantization: str, float_model) -> tuple
         if kinds & {"Q4_0", "Q4_1"}:
             return path, None
     return float_model, quantization
+
+
+def start_llamacpp_quantized(model: str | None, n_ctx: int):
+    """llama.cpp on the quantized GGUF itself, without its repacking (see LlamaCpp)."""
+    from graphrt.bench.llamacpp import LlamaCpp, require_llamacpp
+    from graphrt.loader import default_model_path
+
+    require_llamacpp()
+    path = model or default_model_path()
+    if not path.endswith(".gguf"):
+        raise ValueError(f"--vs-llamacpp needs a .gguf model (llama.cpp reads GGUF only), got {path!r}")
+    return LlamaCpp(path, n_ctx, torch.get_num_threads(), repack=False)
 
 
 def start_llamacpp(model: str | None, dtype: str, n_ctx: int):
@@ -310,6 +329,11 @@ def print_row(row: dict) -> None:
             f"({100 * r['roofline_frac']:.0f}% reached, {r['weight_bytes'] / 1e6:.0f} MB of weights), "
             f"{r['same_tokens_as_fp32']}/{b} rows with fp32's tokens"
         )
+        if "llamacpp" in r:
+            print(
+                f"batch {b:>3}  llama.cpp {q} file {r['llamacpp']['decode_tok_s']:8.1f} tok/s  graphrt/llama.cpp "
+                f"{r['ratio_vs_llamacpp']:.2f}x, same tokens: {r['same_tokens_as_llamacpp']}"
+            )
     if "ratio_vs_transformers" in row:
         print(
             f"batch {b:>3}  graphrt/transformers {row['ratio_vs_transformers']:.2f}x, "

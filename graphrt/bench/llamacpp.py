@@ -77,7 +77,9 @@ def gguf_for(src: str, dtype: str, cache_dir: pathlib.Path) -> str:
 class LlamaCpp:
     """One llama.cpp model, run greedily over token ids, one sequence at a time."""
 
-    def __init__(self, path: str, n_ctx: int, threads: int) -> None:
+    def __init__(self, path: str, n_ctx: int, threads: int, repack: bool = True) -> None:
+        """``repack=False``: llama.cpp's plain CPU buffers for quantized weights (the CLI's
+        ``--no-repack``): its AMX repacking of Q4_1 crashes when built with GCC 12's AMX header."""
         llama_cpp = require_llamacpp()
         self.lib = llama_cpp
         self.llm = llama_cpp.Llama(
@@ -87,6 +89,7 @@ class LlamaCpp:
             n_threads=threads,
             n_threads_batch=threads,
             verbose=False,
+            **({} if repack else {"use_extra_bufts": False}),
         )
 
     def run(self, prompt: list[int], gen_len: int) -> dict:

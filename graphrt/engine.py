@@ -21,6 +21,7 @@ from graphrt.engine_startup import CaptureRecord, EngineStartup  # noqa: F401  (
 from graphrt.grammar import GrammarCompiler, RequestGrammar
 from graphrt.lora.config import LoRAConfig
 from graphrt.lora.request import LoRARequest
+from graphrt.multimodal.inputs import prepare as prepare_images
 from graphrt.outputs import RequestOutput
 from graphrt.runner.graph_cache import CaptureSizes
 from graphrt.runner.kv_cache import (
@@ -64,6 +65,7 @@ class EngineConfig:
     # None: weights as stored (a Q4/Q8 GGUF stays quantized); "int8"/"int4": quantized at load;
     # "none": every weight in dtype
     quantization: str | None = None
+    limit_mm_per_prompt: int = 4  # images a prompt may hold (vision-language models)
 
 
 @dataclass
@@ -130,8 +132,12 @@ class LLMEngine(EngineStartup):
         params: SamplingParams | dict | None = None,
         chat: bool = False,
         lora_request: LoRARequest | None = None,
+        multi_modal_data: dict | None = None,
+        mm_input=None,
     ) -> str:
-        """Validate and queue one request; raises InvalidRequestError (and queues nothing)."""
+        """Validate and queue one request; raises InvalidRequestError (and queues nothing).
+        ``multi_modal_data``: ``{"image": image or [images]}`` for a vision-language model (or
+        ``mm_input``, what ``prepare_images`` made of it, with ``prompt`` its expanded ids)."""
         if params is None:
             params = SamplingParams()
         elif isinstance(params, dict):
@@ -139,6 +145,9 @@ class LLMEngine(EngineStartup):
         elif not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"sampling params must be SamplingParams or a dict, got {type(params).__name__}")
         ids = self.tokenize(prompt, chat)
+        mm = mm_input
+        if mm is None and multi_modal_data is not None:
+            ids, mm = self.prepare_images(ids, multi_modal_data)
         self.validate_params(params)
         lora_id = self.register_lora(lora_request)
         grammar = (
@@ -148,7 +157,7 @@ class LLMEngine(EngineStartup):
         )
         rid = str(next(self._ids))
         seed = params.seed if params.seed is not None else self._rng.randrange(1 << 62)
-        req = Request(rid, ids, params, seed, self.loaded.eos_token_ids, lora_id=lora_id)
+        req = Request(rid, ids, params, seed, self.loaded.eos_token_ids, lora_id=lora_id, mm_input=mm)
         stops = params.stop
         tracked = _Tracked(req, Detokenizer(self.tokenizer, stops), RequestOutput(rid, list(ids)), grammar)
         if params.prompt_logprobs is not None:
@@ -158,6 +167,12 @@ class LLMEngine(EngineStartup):
         self._tracked[rid] = tracked
         self.scheduler.add_request(req)
         return rid
+
+    def prepare_images(self, ids: list[int], multi_modal_data) -> tuple[list[int], object]:
+        """The prompt with its image placeholders expanded, and its images encoded (cached)."""
+        ids, mm = prepare_images(self.loaded.encoder, ids, multi_modal_data, self.config.limit_mm_per_prompt)
+        self._check_prompt(ids)  # the expanded prompt must still fit
+        return ids, mm
 
     def register_lora(self, lora_request: LoRARequest | None) -> int:
         """The adapter's id (0: none), its directory read and checked the first time it is named."""

@@ -21,6 +21,7 @@ from graphrt.grammar import GrammarCompiler
 from graphrt.loader import LoadedModel, load_model, resolve_dtype
 from graphrt.lora.manager import LoRAManager
 from graphrt.lora.slots import AdapterSlots
+from graphrt.multimodal.merge import install as install_mm
 from graphrt.passes import PassManager
 from graphrt.runner.graph_cache import CaptureSizes, GraphCache
 from graphrt.runner.graph_key import GraphKey
@@ -152,6 +153,10 @@ class EngineStartup:
         # request's prompt log-probabilities and its sampled tokens' alternatives (logprobs=k)
         # are computed from them (runner/token_logprobs.py).
         self.lora = self.install_lora(num_seqs)
+        self.mm_buffers = None
+        if self.loaded.encoder is not None:  # images: their embeddings reach the graphs as model buffers
+            max_tokens = max(self.sched_config.max_num_batched_tokens, *sizes.mixed, *sizes.decode)
+            self.mm_buffers = install_mm(self.loaded.model, max_tokens, self.dtype)
         self.step_module = StepModule(self.loaded.model, self.block_size, c.grammar_backend, return_hidden=True)
         self.verify_module, self.mtp_module, self.proposer, self.spec_stats = None, None, None, SpecStats()
         if self.spec is not None:
@@ -257,6 +262,7 @@ class EngineStartup:
             self.verify_module,
             self.mtp_module,
             self.lora.slots if self.lora is not None else None,
+            self.mm_buffers,
         )
         self.runner.bitmask_provider = self._fill_bitmask
         if self.mtp_module is not None:

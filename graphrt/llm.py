@@ -111,24 +111,44 @@ class LLM:
         return self.engine.stats()
 
     def _submit(self, prompts: Sequence[Prompt] | Prompt, params, chat: bool, lora_request=None) -> list[str]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # one prompt
         prompts = list(prompts)
         loras = per_prompt_values(lora_request, len(prompts), "LoRA requests")
         per_prompt = per_prompt_values(params, len(prompts), "sampling params")
         # Validate everything before queueing anything: a bad prompt rejects the whole call and
         # leaves the engine serving whatever else it runs.
-        token_ids = []
+        token_ids, images = [], []
         for i, (p, sp) in enumerate(zip(prompts, per_prompt)):
             try:
-                token_ids.append(self.engine.tokenize(p, chat))
+                ids, mm = self._prompt_ids(p, chat)
+                token_ids.append(ids)
+                images.append(mm)
                 params = SamplingParams.from_dict(sp) if isinstance(sp, dict) else sp
                 if isinstance(params, SamplingParams):
                     self.engine.validate_params(params)  # grammars compile here (cached for add_request)
                 self.engine.register_lora(loras[i])  # an adapter's directory is read and checked here
             except InvalidRequestError as e:
                 raise InvalidRequestError(f"prompt {i}: {e}") from None
-        return [self.engine.add_request(*args) for args in zip(token_ids, per_prompt, [False] * len(loras), loras)]
+        return [
+            self.engine.add_request(ids, sp, False, lora, mm_input=mm)
+            for ids, sp, lora, mm in zip(token_ids, per_prompt, loras, images)
+        ]
+
+    def _prompt_ids(self, prompt, chat: bool) -> tuple[list[int], object]:
+        """Token ids (and encoded images) of a prompt: text, token ids, a conversation, or vLLM's
+        dict ``{"prompt": text | "prompt_token_ids": ids, "multi_modal_data": {"image": ...}}``."""
+        if not isinstance(prompt, dict):
+            return self.engine.tokenize(prompt, chat), None
+        unknown = set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"}
+        if unknown or ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+            raise InvalidRequestError(
+                "a dict prompt holds 'prompt' (text) or 'prompt_token_ids', and optionally 'multi_modal_data'; "
+                f"got keys {sorted(prompt)}"
+            )
+        ids = self.engine.tokenize(prompt.get("prompt", prompt.get("prompt_token_ids")), chat)
+        data = prompt.get("multi_modal_data")
+        return self.engine.prepare_images(ids, data) if data is not None else (ids, None)
 
     def generate(
         self,

@@ -222,3 +222,32 @@ def save_tiny_with_mtp(root: str, name: str = "deepseek_v3", seed: int = 0) -> s
     tensors.update(mtp_checkpoint_tensors(make_mtp_oracle(model), model.config.num_hidden_layers))
     save_file(tensors, weights, metadata={"format": "pt"})
     return path
+
+
+LLAVA_IMAGE_TOKEN = 250
+
+
+def make_hf_llava(seed: int = 0):
+    """A tiny LLaVA: a 2-layer CLIP vision tower over 32x32 images in 8x8 patches (16 image
+    tokens after the class token is dropped), a projector and the tiny Llama GQA language model."""
+    import transformers
+
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8
+    )
+    text = transformers.LlamaConfig(**{**COMMON, **TINY_CONFIGS["llama_gqa"][1]})
+    cfg = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=LLAVA_IMAGE_TOKEN)
+    torch.manual_seed(seed)
+    return transformers.LlavaForConditionalGeneration(cfg).eval()
+
+
+def save_tiny_llava(root: str, seed: int = 0) -> str:
+    import transformers
+
+    path = os.path.join(root, "llava")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        make_hf_llava(seed).save_pretrained(path)
+        transformers.CLIPImageProcessor(
+            size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+        ).save_pretrained(path)
+    return path

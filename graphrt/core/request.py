@@ -33,11 +33,16 @@ class Request:
     num_accepted_tokens: int = 0  # drafts accepted so far
     lora_id: int = 0  # the LoRA adapter's lora_int_id (0: the base model)
     lora_slot: int = -1  # its adapter slot while the request runs
+    mm_input: object = None  # images: multimodal.inputs.MultiModalInput (positions, embeddings, hashes)
 
     @property
     def prefix_salt(self):
-        """What a cached block's hash starts from: KV blocks are shared within one adapter only."""
-        return ("lora", self.lora_id) if self.lora_id else None
+        """What a cached block's hash starts from: KV blocks are shared within one adapter only,
+        and between prompts with the same images only (their content hashes)."""
+        parts = (("lora", self.lora_id) if self.lora_id else ()) + (
+            ("images", *self.mm_input.hashes) if self.mm_input is not None else ()
+        )
+        return parts or None
 
     @property
     def all_token_ids(self) -> list[int]:

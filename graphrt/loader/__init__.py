@@ -34,6 +34,7 @@ class LoadedModel:
     tokenizer: Tokenizer | None
     eos_token_ids: tuple[int, ...]
     source: str  # what was loaded, for messages and cache keys
+    encoder: object = None  # a vision-language model's VisionEncoder (multimodal/encoder.py)
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -83,6 +84,13 @@ def load_model(model: Any = None, dtype: str | torch.dtype = "float32", quantiza
 
 
 def _from_hf_dir(path: str, dtype: torch.dtype, quantization: str | None) -> LoadedModel:
+    from graphrt.multimodal.llava import is_llava, load_llava
+
+    if is_llava(path):
+        cfg, model, encoder = load_llava(path, dtype, quantization)
+        eos = hf_dir.eos_from_generation_config(path) or cfg.eos_token_ids
+        tok = load_hf_tokenizer(path) if hf_dir.has_tokenizer(path) else None
+        return LoadedModel(model, cfg, tok, eos, os.path.abspath(path), encoder)
     cfg = hf_dir.read_config(path)
     src = hf_dir.safetensors_source(path)
     state = convert_state_dict(cfg, src, dtype, quantization)

@@ -15,6 +15,7 @@ from graphrt.models.attention import AttentionInputs, attention
 from graphrt.models.config import ModelConfig
 from graphrt.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
 from graphrt.models.quantized import dense_weight
+from graphrt.multimodal.merge import merge
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -85,7 +86,7 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[KVCache],
         attn: AttentionInputs,
     ) -> torch.Tensor:  # [T, hidden], after the final norm
-        x = self.embed_tokens(input_ids)
+        x = merge(self, input_ids, self.embed_tokens(input_ids))  # image embeddings, if any
         cos_sin = self.rotary(positions, x.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, positions, cos_sin, kv_cache, attn)

@@ -33,6 +33,7 @@ class ModelRunner:
         verify: StepModule | None = None,
         mtp: torch.nn.Module | None = None,
         adapter_slots=None,
+        mm_buffers=None,
     ) -> None:
         self.steps = {"main": MainStep(step)}
         if verify is not None:
@@ -46,6 +47,7 @@ class ModelRunner:
         # (req_ids, samples) → [R, words] int32 bitmask or None; set by the engine for grammars
         self.bitmask_provider = None
         self.adapter_slots = adapter_slots  # LoRA: each step's rows' adapter slots go into the model
+        self.mm_buffers = mm_buffers  # images: each step's placeholder tokens' embeddings go into the model
 
     # --- the step -----------------------------------------------------------------------------
 
@@ -60,6 +62,8 @@ class ModelRunner:
         self.graphs.buffers(key).load(batch)
         if self.adapter_slots is not None:
             self.adapter_slots.load_rows(batch.lora_slots)
+        if self.mm_buffers is not None:
+            self.mm_buffers.load(batch.token_req, batch.positions, batch.req_ids, self.table.mm_input.get)
         result = step.read(batch, self.graphs.run(key, step.eager, self.kv_caches))
         self.step_times.record(key, time.perf_counter() - start)  # host work included
         return result

@@ -27,6 +27,7 @@ class RequestTable:
         self.min_p = np.zeros(s, dtype=np.float32)
         self.seed = np.zeros(s, dtype=np.int64)
         self.lora_slot = np.full(s, -1, dtype=np.int64)  # adapter slot (−1: the base model)
+        self.mm_input: dict[str, object] = {}  # request id → its images (MultiModalInput)
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self.slot_of
@@ -49,6 +50,8 @@ class RequestTable:
         self.min_p[s] = p.min_p
         self.seed[s] = new.request.seed
         self.lora_slot[s] = new.request.lora_slot
+        if new.request.mm_input is not None:
+            self.mm_input[new.request_id] = new.request.mm_input
 
     def update(self, c: CachedRequestData) -> None:
         s = self.slot_of[c.request_id]
@@ -61,6 +64,7 @@ class RequestTable:
 
     def remove(self, request_id: str) -> None:
         s = self.slot_of.pop(request_id, None)
+        self.mm_input.pop(request_id, None)
         if s is not None:
             self.block_table[s] = 0
             self._free_slots.append(s)

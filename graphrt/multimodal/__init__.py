@@ -1,0 +1,1 @@
+"""Image input: a vision encoder run once per image, its embeddings merged into the token stream."""

@@ -22,6 +22,7 @@ from graphrt.grammar import GrammarCompiler, RequestGrammar
 from graphrt.lora.config import LoRAConfig
 from graphrt.lora.request import LoRARequest
 from graphrt.multimodal.inputs import prepare as prepare_images
+from graphrt.multimodal.inputs import prompt_embeds_input
 from graphrt.outputs import RequestOutput
 from graphrt.runner.graph_cache import CaptureSizes
 from graphrt.runner.kv_cache import (
@@ -66,6 +67,7 @@ class EngineConfig:
     # "none": every weight in dtype
     quantization: str | None = None
     limit_mm_per_prompt: int = 4  # images a prompt may hold (vision-language models)
+    enable_prompt_embeds: bool = False  # accept prompts given as embeddings
 
 
 @dataclass
@@ -173,6 +175,12 @@ class LLMEngine(EngineStartup):
         ids, mm = prepare_images(self.loaded.encoder, ids, multi_modal_data, self.config.limit_mm_per_prompt)
         self._check_prompt(ids)  # the expanded prompt must still fit
         return ids, mm
+
+    def prepare_embeds(self, ids: list[int], embeds) -> object:
+        """A prompt's own embeddings [len(ids), hidden], replacing its token embeddings."""
+        if getattr(self.loaded.model, "mm_mask", None) is None:
+            raise InvalidRequestError("prompt_embeds needs an engine started with enable_prompt_embeds=True")
+        return prompt_embeds_input(ids, embeds, self.loaded.config.hidden_size, self.dtype)
 
     def register_lora(self, lora_request: LoRARequest | None) -> int:
         """The adapter's id (0: none), its directory read and checked the first time it is named."""

@@ -154,7 +154,7 @@ class EngineStartup:
         # are computed from them (runner/token_logprobs.py).
         self.lora = self.install_lora(num_seqs)
         self.mm_buffers = None
-        if self.loaded.encoder is not None:  # images: their embeddings reach the graphs as model buffers
+        if self.loaded.encoder is not None or c.enable_prompt_embeds:  # embeddings reach the graphs as buffers
             max_tokens = max(self.sched_config.max_num_batched_tokens, *sizes.mixed, *sizes.decode)
             self.mm_buffers = install_mm(self.loaded.model, max_tokens, self.dtype)
         self.step_module = StepModule(self.loaded.model, self.block_size, c.grammar_backend, return_hidden=True)
@@ -238,6 +238,7 @@ class EngineStartup:
             "max_blocks": self.max_blocks,
             "grammar_backend": self.config.grammar_backend,
             "graphrt": __version__,
+            "images": self.config.limit_mm_per_prompt if self.loaded.encoder is not None else 0,
         }
 
     def profile_run(self) -> int:
@@ -245,6 +246,10 @@ class EngineStartup:
         self.activation_peak = worst_case_step_memory(
             self.step_module, self.graphs, self.sched_config, self.loaded.config, self.dtype, self.block_size
         )
+        encoder = self.loaded.encoder
+        if encoder is not None:  # a prompt's images are encoded before its step, their embeddings kept
+            self.activation_peak = max(self.activation_peak, encoder.profile(self.config.limit_mm_per_prompt))
+            self.activation_peak += encoder.cache_bytes
         return self.activation_peak
 
     def initialize_kv_cache(self) -> KVCachePlan:

@@ -57,6 +57,8 @@ class LLM:
         max_lora_rank: int = 16,
         lora_target_modules: Sequence[str] | None = None,
         quantization: str | None = None,
+        limit_mm_per_prompt: int = 4,
+        enable_prompt_embeds: bool = False,
     ) -> None:
         """Load ``model`` and start serving it. Settings left as None come from a shipped graph
         cache (``graph_cache=DIR``, as ``graphrt precompile`` wrote it) when there is one, else
@@ -67,7 +69,12 @@ class LLM:
         ``quantization``: None runs the weights as stored (a Q4_0/Q4_1/Q8_0 GGUF stays int4/int8,
         read by quantized kernels); "int8" / "int4" quantize a float checkpoint at load (blocks of
         32 values: int8 symmetric as Q8_0, int4 with a minimum as Q4_1); "none" dequantises
-        everything to ``dtype``."""
+        everything to ``dtype``. ``limit_mm_per_prompt``: images a prompt may hold (a
+        vision-language model; the memory profile encodes that many). ``enable_prompt_embeds``:
+        accept ``{"prompt_token_ids": ids, "prompt_embeds": [len(ids), hidden]}`` prompts, whose
+        embeddings replace the token embeddings (every graph then reads two more buffers)."""
+        if not isinstance(limit_mm_per_prompt, int) or isinstance(limit_mm_per_prompt, bool) or limit_mm_per_prompt < 0:
+            raise ValueError(f"limit_mm_per_prompt must be an int >= 0, got {limit_mm_per_prompt!r}")
         cache = CacheConfig(block_size, kv_cache_memory, kv_cache_fraction, enable_prefix_caching)
         config = EngineConfig(
             model,
@@ -92,6 +99,8 @@ class LLM:
             if enable_lora
             else None,
             quantization,
+            limit_mm_per_prompt,
+            enable_prompt_embeds,
         )
         self.engine = LLMEngine(config).start()
 
@@ -140,13 +149,17 @@ class LLM:
         dict ``{"prompt": text | "prompt_token_ids": ids, "multi_modal_data": {"image": ...}}``."""
         if not isinstance(prompt, dict):
             return self.engine.tokenize(prompt, chat), None
-        unknown = set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"}
+        unknown = set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data", "prompt_embeds"}
         if unknown or ("prompt" in prompt) == ("prompt_token_ids" in prompt):
             raise InvalidRequestError(
                 "a dict prompt holds 'prompt' (text) or 'prompt_token_ids', and optionally 'multi_modal_data'; "
                 f"got keys {sorted(prompt)}"
             )
         ids = self.engine.tokenize(prompt.get("prompt", prompt.get("prompt_token_ids")), chat)
+        if "prompt_embeds" in prompt:
+            if "multi_modal_data" in prompt:
+                raise InvalidRequestError("a prompt takes prompt_embeds or multi_modal_data, not both")
+            return ids, self.engine.prepare_embeds(ids, prompt["prompt_embeds"])
         data = prompt.get("multi_modal_data")
         return self.engine.prepare_images(ids, data) if data is not None else (ids, None)
 

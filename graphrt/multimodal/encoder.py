@@ -2,7 +2,7 @@
 modules, eager), and a cache of image embeddings keyed by the image's content.
 
 ``embed(images)`` returns each image's embeddings [patches, hidden] (hidden: the language
-model's). The cache holds up to ``cache_bytes`` of them, least recently used out first, so the
+model's). The cache holds up to ``cache_bytes`` (64 MiB) of them, least recently used out first, so the
 same image in several requests (or a preempted request that starts again) is encoded once.
 """
 
@@ -53,7 +53,7 @@ def content_hash(image: np.ndarray) -> str:
 
 
 class VisionEncoder:
-    def __init__(self, hf_model, processor, config: dict, dtype: torch.dtype, cache_bytes: int = 256 << 20):
+    def __init__(self, hf_model, processor, config: dict, dtype: torch.dtype, cache_bytes: int = 64 << 20):
         self.hf = hf_model.eval()
         self.processor = processor
         self.image_token_id = int(config.get("image_token_id", config.get("image_token_index")))
@@ -77,8 +77,21 @@ class VisionEncoder:
             raise ValueError(f"{path} has no image processor (preprocessor_config.json): {e}") from e
         return cls(hf, processor, config, dtype)
 
-    def _encode(self, image: np.ndarray) -> torch.Tensor:
-        pixels = self.processor(images=[image], return_tensors="pt")["pixel_values"]
+    def profile(self, images: int) -> int:
+        """Peak memory growth (bytes, process peak RSS) of encoding ``images`` worst-case images
+        (the processor's own size), none of them cached: ``profile_run``'s encoder share."""
+        from graphrt.runner.kv_cache import peak_rss_bytes
+
+        before = peak_rss_bytes()
+        blank = np.zeros((16, 16, 3), dtype=np.uint8)
+        embeds = [self._encode(blank) for _ in range(images)]
+        return max(peak_rss_bytes() - before, 0) + sum(e.numel() * e.element_size() for e in embeds)
+
+    def _encode(self, image: np.ndarray, index: int = 0) -> torch.Tensor:
+        try:
+            pixels = self.processor(images=[image], return_tensors="pt")["pixel_values"]
+        except Exception as e:  # the processor's own complaint about an image it cannot take
+            raise InvalidRequestError(f"image {index} cannot be processed: {e}") from e
         with torch.no_grad():
             feats = self.hf.model.get_image_features(pixel_values=pixels.to(torch.float32))
         feats = feats.pooler_output if hasattr(feats, "pooler_output") else feats
@@ -87,7 +100,7 @@ class VisionEncoder:
 
     def embed(self, images: list[np.ndarray], hashes: list[str]) -> list[torch.Tensor]:
         out = []
-        for image, key in zip(images, hashes):
+        for i, (image, key) in enumerate(zip(images, hashes)):
             hit = self.cache.get(key)
             if hit is not None:
                 self.cache.move_to_end(key)
@@ -95,7 +108,7 @@ class VisionEncoder:
                 out.append(hit)
                 continue
             self.misses += 1
-            emb = self._encode(image)
+            emb = self._encode(image, i)
             out.append(emb)
             self.cache[key] = emb
             self.cached_bytes += emb.numel() * emb.element_size()

@@ -9,6 +9,7 @@ refused when the request is submitted, naming the value.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,3 +50,21 @@ def prepare(encoder: VisionEncoder | None, ids: list[int], data, limit: int) -> 
     embeds = torch.cat(encoder.embed(arrays, hashes))
     positions = np.array([p for p, t in enumerate(ids) if t == token], dtype=np.int64)
     return ids, MultiModalInput(positions, embeds, tuple(hashes))
+
+
+def prompt_embeds_input(ids: list[int], embeds, hidden: int, dtype: torch.dtype) -> MultiModalInput:
+    """Embeddings for every prompt position (vLLM's ``prompt_embeds``); the ids stay the prompt's
+    tokens for detokenizing and stop checks. Keyed in the prefix cache by their bytes."""
+    if not isinstance(embeds, torch.Tensor) or not embeds.dtype.is_floating_point:
+        got = embeds.dtype if isinstance(embeds, torch.Tensor) else type(embeds).__name__
+        raise InvalidRequestError(f"prompt_embeds must be a float tensor [prompt tokens, hidden], got {got}")
+    if tuple(embeds.shape) != (len(ids), hidden):
+        raise InvalidRequestError(
+            f"prompt_embeds has shape {tuple(embeds.shape)}; the prompt needs ({len(ids)}, {hidden}) "
+            "(one row per prompt token, the model's hidden size)"
+        )
+    if not torch.isfinite(embeds).all():
+        raise InvalidRequestError("prompt_embeds holds NaN or infinite values")
+    embeds = embeds.detach().to("cpu", dtype).contiguous()
+    key = hashlib.sha256(embeds.view(torch.uint8).numpy().tobytes()).hexdigest()
+    return MultiModalInput(np.arange(len(ids), dtype=np.int64), embeds, (key,))

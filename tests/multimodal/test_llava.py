@@ -140,3 +140,12 @@ def test_bad_image_input_is_named_at_submission_and_the_engine_keeps_serving(lla
     text_only = make_llm(tiny_model("llama_gqa"), max_model_len=64, kv_cache_memory=1_000_000)
     with pytest.raises(InvalidRequestError, match="this model takes text only; the prompt has 1 image"):
         text_only.generate({"prompt_token_ids": [1, 5], "multi_modal_data": {"image": image(7)}}, GREEDY)
+
+
+def test_the_memory_profile_counts_the_encoder(llava):
+    """Sizing the KV cache from free memory: the worst-case step's peak, or encoding
+    limit_mm_per_prompt images if that is larger, plus the encoder cache's bound."""
+    llm = make_llm(llava, max_model_len=64, limit_mm_per_prompt=2)
+    encoder = llm.engine.loaded.encoder
+    assert encoder.profile(2) > 0
+    assert llm.engine.activation_peak >= encoder.cache_bytes

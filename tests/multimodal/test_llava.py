@@ -154,8 +154,8 @@ def test_the_memory_profile_counts_the_encoder(llava):
 def test_image_prompts_in_one_inductor_graph(llava):
     """Inductor's code for the merge: one mixed graph serves the prefills and the decodes."""
     llm = make_llm(
-        llava, compile=True, max_num_seqs=2, max_num_batched_tokens=32, capture_sizes=CaptureSizes(decode=(), mixed=(32,)),
-        max_model_len=96, kv_cache_memory=2_000_000,
+        llava, compile=True, max_num_seqs=2, max_num_batched_tokens=32,
+        capture_sizes=CaptureSizes(decode=(), mixed=(32,)), max_model_len=96, kv_cache_memory=2_000_000,
     )  # fmt: skip
     outs = llm.generate([p for p, _ in PROMPTS[:2]], GREEDY)
     check_against_transformers(llava, outs, [img for _, img in PROMPTS[:2]])

@@ -100,6 +100,20 @@ def test_the_second_process_loads_every_graph_from_the_default_cache(tiny_model,
     assert off["how"] == ["compiled"] and off["tokens"] == cold["tokens"]
 
 
+def test_a_quantized_models_package_loads_in_a_fresh_process_with_no_compile(tiny_model, tmp_path):
+    """The package calls graphrt::linear_quantized (the native op, through the dispatcher): a
+    fresh process loads it with no trace and no compile, and decodes what the first one did."""
+    from graphrt import SamplingParams
+
+    model = tiny_model("llama_gqa")
+    cold = finish(start(model, tmp_path, quantization="int4"))
+    warm = finish(start(model, tmp_path, quantization="int4"))
+    assert cold["how"] == ["compiled"] and warm["how"] == ["loaded"]
+    assert warm["compiles"] == 0 and warm["inductor"] == 0 and not warm["dynamo_imported"]
+    eager = make_llm(model, quantization="int4", max_num_seqs=2, max_num_batched_tokens=16, kv_cache_memory=4_000_000)
+    assert warm["tokens"] == cold["tokens"] == [o.token_ids for o in eager.generate(PROMPTS, SamplingParams(**GREEDY))]
+
+
 def test_two_processes_racing_on_an_empty_cache_both_succeed(tiny_model, tmp_path):
     model = tiny_model("llama_gqa")  # the Inductor cache already holds its kernels: the race is what is tested
     a, b = start(model, tmp_path), start(model, tmp_path)

@@ -37,12 +37,20 @@ class Request:
 
     @property
     def prefix_salt(self):
-        """What a cached block's hash starts from: KV blocks are shared within one adapter only,
-        and between prompts with the same images only (their content hashes)."""
-        parts = (("lora", self.lora_id) if self.lora_id else ()) + (
-            ("images", *self.mm_input.hashes) if self.mm_input is not None else ()
-        )
-        return parts or None
+        """What a cached block's hash starts from: KV blocks are shared within one adapter only."""
+        return ("lora", self.lora_id) if self.lora_id else None
+
+    @property
+    def prefix_keys(self) -> list:
+        """What the prefix cache hashes, block by block: the token ids, with each image
+        placeholder replaced by (its image's content hash, its patch): a block holding part of an
+        image is shared only with the same image there; the text before the image is shared."""
+        if self.mm_input is None:
+            return self.all_token_ids
+        keys = list(self.all_token_ids)
+        for position, key in self.mm_input.position_keys:
+            keys[position] = key
+        return keys
 
     @property
     def all_token_ids(self) -> list[int]:

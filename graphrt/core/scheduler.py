@@ -150,7 +150,7 @@ class Scheduler:
             if fresh:  # prompt log-probabilities need every prompt position computed: no cached prefix
                 reuse = req.params.prompt_logprobs is None
                 salt = req.prefix_salt
-                req.num_computed_tokens = self.blocks.match_prefix(req.request_id, req.all_token_ids, reuse, salt)
+                req.num_computed_tokens = self.blocks.match_prefix(req.request_id, req.prefix_keys, reuse, salt)
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             if self.blocks.allocate(req.request_id, req.num_computed_tokens + num_new) is None:
                 if fresh and not self.running:
@@ -251,7 +251,7 @@ class Scheduler:
                 continue
             req.num_computed_tokens += n - rejected.get(rid, 0)
             known = min(req.num_computed_tokens, req.num_tokens)
-            self.blocks.cache_full_blocks(rid, req.all_token_ids, known)
+            self.blocks.cache_full_blocks(rid, req.prefix_keys, known)
             if req.num_computed_tokens >= req.num_tokens:
                 sampled.append(req)
         return sampled

@@ -24,6 +24,7 @@ class MultiModalInput:
     positions: np.ndarray  # [P] sorted prompt positions of the placeholder tokens
     embeds: torch.Tensor  # [P, hidden]: the image embeddings, in placeholder order
     hashes: tuple[str, ...]  # each image's content hash, in prompt order
+    position_keys: tuple[tuple[int, tuple[str, int]], ...] = ()  # (position, (image hash, patch)) for the prefix cache
 
 
 def prepare(encoder: VisionEncoder | None, ids: list[int], data, limit: int) -> tuple[list[int], MultiModalInput]:
@@ -49,7 +50,8 @@ def prepare(encoder: VisionEncoder | None, ids: list[int], data, limit: int) -> 
     hashes = [content_hash(a) for a in arrays]
     embeds = torch.cat(encoder.embed(arrays, hashes))
     positions = np.array([p for p, t in enumerate(ids) if t == token], dtype=np.int64)
-    return ids, MultiModalInput(positions, embeds, tuple(hashes))
+    keys = tuple((int(p), (hashes[i // patches], i % patches)) for i, p in enumerate(positions))
+    return ids, MultiModalInput(positions, embeds, tuple(hashes), keys)
 
 
 def prompt_embeds_input(ids: list[int], embeds, hidden: int, dtype: torch.dtype) -> MultiModalInput:
@@ -67,4 +69,5 @@ def prompt_embeds_input(ids: list[int], embeds, hidden: int, dtype: torch.dtype)
         raise InvalidRequestError("prompt_embeds holds NaN or infinite values")
     embeds = embeds.detach().to("cpu", dtype).contiguous()
     key = hashlib.sha256(embeds.view(torch.uint8).numpy().tobytes()).hexdigest()
-    return MultiModalInput(np.arange(len(ids), dtype=np.int64), embeds, (key,))
+    keys = tuple((p, (key, p)) for p in range(len(ids)))
+    return MultiModalInput(np.arange(len(ids), dtype=np.int64), embeds, (key,), keys)

@@ -160,3 +160,10 @@ def test_image_prompts_in_one_inductor_graph(llava):
     outs = llm.generate([p for p, _ in PROMPTS[:2]], GREEDY)
     check_against_transformers(llava, outs, [img for _, img in PROMPTS[:2]])
     assert llm.stats()["graph_misses"] == 0 and llm.stats()["graph_hits"] > 0
+
+
+def test_an_image_split_across_prefill_chunks(llava):
+    """8-token prefill chunks: the 16 patches reach the model in three steps, each its slice."""
+    llm = make_llm(llava, max_model_len=128, kv_cache_memory=2_000_000, max_num_batched_tokens=8, max_num_seqs=2)
+    outs = llm.generate([p for p, _ in PROMPTS], GREEDY)
+    check_against_transformers(llava, outs, [img for _, img in PROMPTS])

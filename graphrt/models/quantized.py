@@ -58,7 +58,3 @@ def dense_weight(module: nn.Module, dtype: torch.dtype) -> torch.Tensor:
     if isinstance(module, (QuantizedLinear, QuantizedEmbedding)):
         return torch.ops.graphrt.dequantize(module.qweight, module.scales, module.mins, dtype)
     return module.weight
-
-
-def quantized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, (QuantizedLinear, QuantizedEmbedding))]

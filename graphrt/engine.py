@@ -28,7 +28,7 @@ from graphrt.runner.graph_cache import CaptureSizes
 from graphrt.runner.kv_cache import (
     CacheConfig,
 )
-from graphrt.runner.token_logprobs import token_logprobs
+from graphrt.runner.token_logprobs import record_prompt_logprobs, sampled_top_logprobs
 from graphrt.sampling_params import InvalidRequestError, SamplingParams
 from graphrt.spec.config import SpeculativeConfig
 from graphrt.spec.mtp import run_mtp
@@ -280,8 +280,8 @@ class LLMEngine(EngineStartup):
             for tracked in failed:
                 self._finish(tracked, "error")
             raise EngineStepError(f"step failed, {len(failed)} request(s) ended with 'error': {e}") from e
-        self._record_prompt_logprobs(out, result)
-        tops = self._sampled_top_logprobs(out, result)
+        record_prompt_logprobs(self.loaded.model, self._tracked, out, result)
+        tops = sampled_top_logprobs(self.loaded.model, self._tracked, out, result)
         changed = []
         for req in self.scheduler.after_step(out, result.num_rejected):
             tracked = self._tracked[req.request_id]
@@ -300,50 +300,6 @@ class LLMEngine(EngineStartup):
         if self.mtp_module is not None:
             run_mtp(self, out, result)
         return changed
-
-    def _record_prompt_logprobs(self, out, result) -> None:
-        """For requests that asked: the log-probabilities of the prompt tokens this step's
-        hidden states predict (the state at position p predicts the token at p + 1)."""
-        if result.hidden is None:
-            return
-        for r, rid in enumerate(result.req_ids):
-            tracked = self._tracked.get(rid)
-            if tracked is None or tracked.prompt_logprobs is None:
-                continue
-            req = tracked.request
-            start, prompt = req.num_computed_tokens, req.prompt_token_ids
-            end = min(start + out.num_scheduled_tokens[rid], len(prompt) - 1)
-            todo = [p for p in range(start, end) if tracked.prompt_logprobs[p + 1] is None]
-            if not todo:
-                continue  # a decode row, or a recomputation after preemption
-            first = int(result.query_start_loc[r]) + todo[0] - start
-            hidden = result.hidden[first : first + len(todo)]
-            entries = token_logprobs(
-                self.loaded.model, hidden, [prompt[p + 1] for p in todo], req.params.prompt_logprobs
-            )
-            for p, entry in zip(todo, entries):
-                tracked.prompt_logprobs[p + 1] = entry
-
-    def _sampled_top_logprobs(self, out, result) -> dict[str, list[dict[int, float]]]:
-        """For requests with logprobs=k: each sampled token's entry with the k likeliest tokens,
-        from the hidden state that predicted it (a drafted row's j-th token: its j-th position;
-        any other row's token: its last position)."""
-        tops: dict[str, list[dict[int, float]]] = {}
-        if result.hidden is None:
-            return tops
-        qsl = result.query_start_loc
-        for r, rid in enumerate(result.req_ids):
-            tracked = self._tracked.get(rid)
-            if tracked is None or tracked.top_logprobs is None or not result.sampled.get(rid):
-                continue
-            sampled = result.sampled[rid]
-            if out.draft_token_ids.get(rid):
-                rows = [int(qsl[r]) + j for j in range(len(sampled))]
-            else:
-                rows = [int(qsl[r + 1]) - 1]
-            k = tracked.request.params.num_top_logprobs
-            tops[rid] = token_logprobs(self.loaded.model, result.hidden[rows], sampled, k)
-        return tops
 
     def _append(self, tracked: _Tracked, token: int, logprob: float, alternatives=None) -> bool:
         """One sampled token through the grammar and the stop checks, in order; False once the

@@ -155,7 +155,8 @@ class EngineStartup:
         self.lora = self.install_lora(num_seqs)
         self.mm_buffers = None
         if self.loaded.encoder is not None or c.enable_prompt_embeds:  # embeddings reach the graphs as buffers
-            max_tokens = max(self.sched_config.max_num_batched_tokens, *sizes.mixed, *sizes.decode)
+            verify_tokens = num_seqs * (spec_k + 1)  # a verify step's slots, drafted or not
+            max_tokens = max(self.sched_config.max_num_batched_tokens, verify_tokens, *sizes.mixed, *sizes.decode)
             self.mm_buffers = install_mm(self.loaded.model, max_tokens, self.dtype)
         self.step_module = StepModule(self.loaded.model, self.block_size, c.grammar_backend, return_hidden=True)
         self.verify_module, self.mtp_module, self.proposer, self.spec_stats = None, None, None, SpecStats()

@@ -26,3 +26,48 @@ def token_logprobs(model, hidden: torch.Tensor, next_tokens: list[int], k: int) 
         entry[token] = chosen[i]
         out.append(entry)
     return out
+
+
+def record_prompt_logprobs(model, tracked_requests: dict, out, result) -> None:
+    """For the requests that asked (``tracked_requests``: request id → the engine's record): the
+    log-probabilities of the prompt tokens this step's hidden states predict (the state at
+    position p predicts the token at p + 1)."""
+    if result.hidden is None:
+        return
+    for r, rid in enumerate(result.req_ids):
+        tracked = tracked_requests.get(rid)
+        if tracked is None or tracked.prompt_logprobs is None:
+            continue
+        req = tracked.request
+        start, prompt = req.num_computed_tokens, req.prompt_token_ids
+        end = min(start + out.num_scheduled_tokens[rid], len(prompt) - 1)
+        todo = [p for p in range(start, end) if tracked.prompt_logprobs[p + 1] is None]
+        if not todo:
+            continue  # a decode row, or a recomputation after preemption
+        first = int(result.query_start_loc[r]) + todo[0] - start
+        hidden = result.hidden[first : first + len(todo)]
+        entries = token_logprobs(model, hidden, [prompt[p + 1] for p in todo], req.params.prompt_logprobs)
+        for p, entry in zip(todo, entries):
+            tracked.prompt_logprobs[p + 1] = entry
+
+
+def sampled_top_logprobs(model, tracked_requests: dict, out, result) -> dict[str, list[dict[int, float]]]:
+    """For the requests with logprobs=k: each sampled token's entry with the k likeliest tokens,
+    from the hidden state that predicted it (a drafted row's j-th token: its j-th position;
+    any other row's token: its last position)."""
+    tops: dict[str, list[dict[int, float]]] = {}
+    if result.hidden is None:
+        return tops
+    qsl = result.query_start_loc
+    for r, rid in enumerate(result.req_ids):
+        tracked = tracked_requests.get(rid)
+        if tracked is None or tracked.top_logprobs is None or not result.sampled.get(rid):
+            continue
+        sampled = result.sampled[rid]
+        if out.draft_token_ids.get(rid):
+            rows = [int(qsl[r]) + j for j in range(len(sampled))]
+        else:
+            rows = [int(qsl[r + 1]) - 1]
+        k = tracked.request.params.num_top_logprobs
+        tops[rid] = token_logprobs(model, result.hidden[rows], sampled, k)
+    return tops

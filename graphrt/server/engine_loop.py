@@ -82,6 +82,14 @@ class _Active:
     last_token_time: float | None = None
 
 
+@dataclass
+class _Pending:
+    """Requests counted in EngineLoop._pending until the engine thread has taken them."""
+
+    count: int
+    released: bool = False
+
+
 class EngineLoop:
     def __init__(self, engine, max_queued: int = 128, metrics: ServerMetrics | None = None) -> None:
         self.engine = engine
@@ -123,11 +131,19 @@ class EngineLoop:
             self._pending += len(prompts)
         loop = asyncio.get_running_loop()
         arrival = time.perf_counter()
+        ticket = _Pending(len(prompts))
+
+        def add() -> Submission:
+            try:
+                return self._add(prompts, params, chat, loop, arrival, lora)
+            finally:
+                self._hand_over(ticket)
+
         try:
-            return await self._call(lambda: self._add(prompts, params, chat, loop, arrival, lora))
-        finally:
+            return await self._call(add)
+        finally:  # never reached the engine thread, or the handler was cancelled first
             with self._lock:
-                self._pending -= len(prompts)
+                self._release(ticket)
 
     def abort(self, submission: Submission) -> None:
         """Abort a submission's requests (its client went away): their blocks are freed before
@@ -226,6 +242,18 @@ class EngineLoop:
             if self.metrics is not None:
                 self.metrics.prompt_tokens.inc(len(ids))
         return submission
+
+    def _hand_over(self, ticket: _Pending) -> None:
+        """Move a submission's requests from pending to the scheduler's waiting count in one
+        step, so that the queue limit never counts them twice (or not at all)."""
+        with self._lock:
+            self._release(ticket)
+            self.stats = {**self.stats, "requests_waiting": len(self.engine.scheduler.waiting)}
+
+    def _release(self, ticket: _Pending) -> None:  # under self._lock
+        if not ticket.released:
+            self._pending -= ticket.count
+            ticket.released = True
 
     def _publish(self) -> None:
         """Hand each active request what it gained since it was last published: one wake-up of

@@ -16,6 +16,9 @@ place, so a reader never sees half a file.
 ``GRAPHRT_NATIVE=0`` skips the library: every op then runs its portable torch body. A failed build
 warns once and does the same. ``GRAPHRT_CPU_ISA`` (``avx512``, ``avx2``, ``portable``) asks the
 library for a narrower instruction set than the CPU's widest (the others are tested that way).
+``GRAPHRT_CPU_TUNING`` (``amd``, ``intel``) overrides how weights are streamed, chosen by the CPU's
+vendor by default (a non-temporal single stream on AMD, prefetched row pairs elsewhere: each
+measured fastest on its own vendor).
 """
 
 from __future__ import annotations
@@ -151,10 +154,18 @@ def library_path() -> pathlib.Path:
     return target
 
 
+CPU_TUNINGS = ("amd", "intel")
+
+
 def check_isa_request() -> None:
     wanted = os.environ.get("GRAPHRT_CPU_ISA", "")
     if wanted and wanted not in ISAS:
         raise NativeBuildError(f"GRAPHRT_CPU_ISA={wanted!r} is not known; use one of {list(ISAS)} or leave it unset")
+    tuning = os.environ.get("GRAPHRT_CPU_TUNING", "")
+    if tuning and tuning not in CPU_TUNINGS:
+        raise NativeBuildError(
+            f"GRAPHRT_CPU_TUNING={tuning!r} is not known; use one of {list(CPU_TUNINGS)} or leave it unset"
+        )
 
 
 @functools.lru_cache(maxsize=1)

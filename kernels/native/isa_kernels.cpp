@@ -203,6 +203,19 @@ static IsaKernels choose() {
                     portable::dequant);
 }
 
+static bool amd_streams() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (const char* tuning = std::getenv("GRAPHRT_CPU_TUNING"); tuning != nullptr && *tuning != '\0')
+    return std::strcmp(tuning, "amd") == 0;
+  return __builtin_cpu_is("amd");
+#else
+  return false;
+#endif
+}
+
+const bool kAmdStreams = amd_streams();
+
 const IsaKernels& isa_kernels() {
   static const IsaKernels chosen = choose();
   return chosen;

@@ -48,4 +48,24 @@ struct IsaKernels {
 
 const IsaKernels& isa_kernels();
 
+// How weights are streamed, tuned per CPU vendor (`graphrt bench kernels` on each):
+//   AMD (true): a one-row product reads the thread's weights as one front-to-back stream,
+//     prefetched with a non-temporal hint (the weights are read once a step);
+//   Intel and others (false): rows in pairs with an ordinary prefetch (a non-temporal prefetch
+//     far ahead is dropped before its use there: the single stream ran at 40% of the memory).
+// GRAPHRT_CPU_TUNING=amd|intel overrides the vendor's choice.
+extern const bool kAmdStreams;
+
+}  // namespace graphrt_native
+
+// A weight stream's prefetch, with the hint this CPU's vendor takes best.
+static inline void stream_prefetch(const void* p) {
+  if (graphrt_native::kAmdStreams)
+    __builtin_prefetch(p, 0, 0);
+  else
+    __builtin_prefetch(p, 0, 3);
+}
+
+namespace graphrt_native {
+
 }  // namespace graphrt_native

@@ -140,7 +140,7 @@ static inline void qtile(const float* x, const QuantRows& w, float* y, int64_t N
     for (int r = 0; r < NB; ++r) dequant_block<BITS>(w, n + r, b, sc + r * blocks, mn + r * blocks, wv[r]);
     if ((b * kBlockBytes) % 64 == 0) {
 #pragma GCC unroll 4
-      for (int r = 0; r < NB; ++r) __builtin_prefetch(rows + r * K * BITS / 8 + b * kBlockBytes + 512, 0, 0);
+      for (int r = 0; r < NB; ++r) stream_prefetch(rows + r * K * BITS / 8 + b * kBlockBytes + 512);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i)

@@ -93,8 +93,8 @@ static inline void row_blocks(const typename P::X* x, const W* w, float* y, int6
 }
 
 // One activation row: the thread's weight rows are one contiguous region, read front to back as
-// a single stream (what hardware prefetchers follow best) and prefetched kAheadBytes ahead with
-// a non-temporal hint (the weights are read once a step); four accumulators per row so the adds
+// a single stream (what hardware prefetchers follow best) and prefetched kAheadBytes ahead
+// (stream_prefetch: the hint depends on the CPU's vendor); four accumulators per row so the adds
 // do not wait on each other.
 constexpr int64_t kAheadBytes = 4096;
 
@@ -110,7 +110,7 @@ static void gemv(const typename P::X* x, const W* w, float* y, int64_t K, int64_
       const char* ahead = reinterpret_cast<const char*>(wr + k) + kAheadBytes;
       if (ahead < end) {
 #pragma GCC unroll 4
-        for (int64_t b = 0; b < 4 * kVecBytes; b += 64) __builtin_prefetch(ahead + b, 0, 0);
+        for (int64_t b = 0; b < 4 * kVecBytes; b += 64) stream_prefetch(ahead + b);
       }
       a0 = P::madd(a0, P::loadx(x + k), P::loadw(wr + k));
       a1 = P::madd(a1, P::loadx(x + k + P::kStep), P::loadw(wr + k + P::kStep));
@@ -124,14 +124,15 @@ static void gemv(const typename P::X* x, const W* w, float* y, int64_t K, int64_
   }
 }
 
-// Output columns [n_begin, n_end): one thread's share. Up to GRT_SMALL_MB rows: tiles of
-// GRT_SMALL_NB weight rows (one row: the weights stay a single front-to-back stream, which
-// measured fastest for 2-4 rows); more rows: GRT_WIDE_NB weight rows x GRT_WIDE_MB activation
+// Output columns [n_begin, n_end): one thread's share. One row: the single stream above on AMD,
+// weight rows in pairs elsewhere (kAmdStreams). Up to GRT_SMALL_MB rows: tiles of GRT_SMALL_NB
+// weight rows (one: a single front-to-back stream, which measured fastest for 2-4 rows); more rows: GRT_WIDE_NB weight rows x GRT_WIDE_MB activation
 // rows, so each weight vector, once in a register, serves that many rows.
 template <typename P, typename W>
 static void skinny_gemm(const typename P::X* x, const W* w, float* y, int64_t M, int64_t N, int64_t K,
                         int64_t n_begin, int64_t n_end) {
-  if (M == 1) return gemv<P, W>(x, w, y, K, n_begin, n_end);
+  if (M == 1 && graphrt_native::kAmdStreams) return gemv<P, W>(x, w, y, K, n_begin, n_end);
+  if (M == 1) return row_blocks<P, W, 2, 1>(x, w, y, M, N, K, n_begin, n_end);
   if (M <= GRT_SMALL_MB) return row_blocks<P, W, GRT_SMALL_NB, GRT_SMALL_MB>(x, w, y, M, N, K, n_begin, n_end);
   row_blocks<P, W, GRT_WIDE_NB, GRT_WIDE_MB>(x, w, y, M, N, K, n_begin, n_end);
 }

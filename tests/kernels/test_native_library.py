@@ -67,6 +67,8 @@ def run_check(env: dict) -> dict:
         ({"GRAPHRT_CPU_ISA": "portable"}, "portable"),
         ({"GRAPHRT_NATIVE": "0"}, None),
         ({}, "widest"),
+        ({"GRAPHRT_CPU_TUNING": "amd"}, "widest"),  # each vendor's way of streaming weights
+        ({"GRAPHRT_CPU_TUNING": "intel"}, "widest"),
     ],
 )
 def test_each_path_matches_the_reference(env, isa):
@@ -88,6 +90,13 @@ def test_an_unknown_instruction_set_is_named():
         text=True,
     )
     assert out.returncode != 0 and "GRAPHRT_CPU_ISA='sse9' is not known" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-c", "import graphrt.kernels"],
+        env={**os.environ, "GRAPHRT_CPU_TUNING": "arm"},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0 and "GRAPHRT_CPU_TUNING='arm' is not known" in out.stderr
 
 
 def test_the_build_is_cached_under_its_key(tmp_path, monkeypatch):

@@ -37,7 +37,7 @@ import torch
 
 NATIVE_DIR = pathlib.Path(__file__).parent / "native"
 SOURCES = ("isa_kernels.cpp", "ops.cpp")
-ISAS = ("avx512", "avx2", "portable")
+ISAS = ("amx", "avx512", "avx2", "portable")
 LIBRARY = "libgraphrt_cpu.so"
 
 

@@ -4,7 +4,7 @@
 // each with its vector width and the skinny GEMM's register tiles (GRT_SMALL_*: weight rows x
 // activation rows for 2-4 rows; GRT_WIDE_*: for more, sized to the register file; measured with
 // `graphrt bench kernels`):
-// avx512 (AVX-512F/BW + FMA), avx2 (AVX2 + FMA) and portable (the compiler's baseline). Each
+// amx (avx512 plus AMX tiles for bf16 products of 4+ rows), avx512 (AVX-512F/BW + FMA), avx2 (AVX2 + FMA) and portable (the compiler's baseline). Each
 // x86 namespace is compiled under `#pragma GCC target`, so one library runs on any x86-64 CPU and
 // uses the widest vectors it has. No torch headers here: this file compiles in a second.
 
@@ -16,7 +16,10 @@
 #include "isa_kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #define GRT_DEFINE_TABLE(NS)                                                                        \
@@ -110,6 +113,22 @@ static void gemm_bf16_dot(const uint16_t* x, const void* w, float* y, int64_t M,
 }  // namespace avx512bf16
 #pragma GCC pop_options
 
+// bf16 x bf16 with 4 or more activation rows on AMX tiles (amx_gemm.h); fewer rows, ragged
+// shapes and the rows beyond the last full block of 32 take the dot product above.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
+namespace amx {
+#include "amx_gemm.h"
+static void pack_pairs(const uint16_t* x, uint32_t* pairs, int64_t M, int64_t K) {
+  pack_activation_pairs(x, pairs, M, K);
+}
+static void gemm_bf16(const uint32_t* pairs, const void* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
+                      int64_t n1) {
+  amx_gemm_rows(pairs, static_cast<const uint16_t*>(w), y, M, N, K, n0, n1);
+}
+}  // namespace amx
+#pragma GCC pop_options
+
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
@@ -157,6 +176,8 @@ static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, Atte
   IsaKernels k;
   k.name = name;
   k.gemm_bf16_dot = nullptr;
+  k.gemm_bf16_amx = nullptr;
+  k.pack_pairs = nullptr;
   k.gemm_f32 = gf;
   k.gemm_bf16 = gb;
   k.attend_f32 = af;
@@ -166,9 +187,22 @@ static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, Atte
   return k;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+// AMX-TILE and AMX-BF16 (CPUID leaf 7: EDX bits 24 and 22), and the kernel's permission for this
+// process to use the tile registers (Linux: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA).
+static bool amx_usable() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) return false;
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+#endif
+
 static bool supported(const char* isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
+  if (std::strcmp(isa, "amx") == 0)
+    return supported("avx512") && __builtin_cpu_supports("avx512bf16") && amx_usable();
   if (std::strcmp(isa, "avx512") == 0)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
@@ -181,12 +215,20 @@ static bool supported(const char* isa) {
 // the paths a CPU without AVX-512 takes). A set the CPU lacks is never chosen.
 static IsaKernels choose() {
   const char* wanted = std::getenv("GRAPHRT_CPU_ISA");
-  const char* order[] = {"avx512", "avx2", "portable"};
+  const char* order[] = {"amx", "avx512", "avx2", "portable"};
   bool allowed = wanted == nullptr || *wanted == '\0';
   for (const char* isa : order) {
     if (!allowed && std::strcmp(isa, wanted) == 0) allowed = true;
     if (!allowed || !supported(isa)) continue;
 #if defined(__x86_64__) || defined(__i386__)
+    if (std::strcmp(isa, "amx") == 0) {
+      IsaKernels k = make("amx", avx512::gemm_f32, avx512::gemm_bf16, avx512::attend_f32, avx512::attend_bf16,
+                          avx512::qgemm, avx512::dequant);
+      k.gemm_bf16_dot = avx512bf16::gemm_bf16_dot;
+      k.gemm_bf16_amx = amx::gemm_bf16;
+      k.pack_pairs = amx::pack_pairs;
+      return k;
+    }
     if (std::strcmp(isa, "avx512") == 0) {
       IsaKernels k = make("avx512", avx512::gemm_f32, avx512::gemm_bf16, avx512::attend_f32, avx512::attend_bf16, avx512::qgemm,
                     avx512::dequant);

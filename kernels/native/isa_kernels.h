@@ -35,11 +35,21 @@ using QuantGemmFn = void (*)(const float* x, const QuantRows& w, float* y, int64
 // Rows [r0, r1) of w as fp32 into out [rows, K]; scratch: 2 * K/32 floats.
 using DequantFn = void (*)(const QuantRows& w, float* out, int64_t r0, int64_t r1, float* scratch);
 
+// The AMX path (amx_gemm.h): x bf16 [M, K] packed into pairs [K/2][M]; then y over output
+// columns [n0, n1), a multiple of 32 of them, K a multiple of 32 (null without AMX).
+using PackPairsFn = void (*)(const uint16_t* x, uint32_t* pairs, int64_t M, int64_t K);
+using AmxGemmFn = void (*)(const uint32_t* pairs, const void* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
+                           int64_t n1);
+constexpr int64_t kAmxMinRows = 2;
+constexpr int64_t kAmxBlock = 32;
+
 struct IsaKernels {
   const char* name;
   GemmFn gemm_f32;
   GemmFn gemm_bf16;
   GemmBf16DotFn gemm_bf16_dot;
+  AmxGemmFn gemm_bf16_amx;
+  PackPairsFn pack_pairs;
   AttendFn attend_f32;
   AttendFn attend_bf16;
   QuantGemmFn quant_gemm;

@@ -49,10 +49,22 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   const void* wp = w.data_ptr();
   float* yp = y.data_ptr<float>();
   const GemmFn gemm = w.scalar_type() == at::kFloat ? isa.gemm_f32 : isa.gemm_bf16;
-  // Blocks of 4 output rows (the kernel's tile); small matrices stay on one thread.
-  const int64_t blocks = (N + 3) / 4;
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, 4 * K));
-  if (M > 0) {
+  if (dot && isa.gemm_bf16_amx != nullptr && M >= kAmxMinRows && M <= 16 && K % 32 == 0 && N >= kAmxBlock) {
+    // AMX tiles: blocks of 32 output rows; the rows past the last full block take the dot product
+    at::Tensor pairs = at::empty({K / 2 * M}, x2.options().dtype(at::kInt));
+    uint32_t* pp = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
+    isa.pack_pairs(static_cast<const uint16_t*>(xp), pp, M, K);
+    const int64_t full = N / kAmxBlock;
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / (kAmxBlock * K));
+    at::parallel_for(0, full, grain, [&](int64_t b0, int64_t b1) {
+      isa.gemm_bf16_amx(pp, wp, yp, M, N, K, b0 * kAmxBlock, b1 * kAmxBlock);
+      if (b1 == full && full * kAmxBlock < N)
+        isa.gemm_bf16_dot(static_cast<const uint16_t*>(xp), wp, yp, M, N, K, full * kAmxBlock, N);
+    });
+  } else if (M > 0) {
+    // Blocks of 4 output rows (the kernel's tile); small matrices stay on one thread.
+    const int64_t blocks = (N + 3) / 4;
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, 4 * K));
     at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
       const int64_t n0 = b0 * 4, n1 = std::min(N, b1 * 4);
       if (dot) {

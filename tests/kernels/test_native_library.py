@@ -21,7 +21,8 @@ CHECK = textwrap.dedent("""
     errs = {}
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16):
-        for m, n, k in [(1, 577, 33), (5, 7, 577), (16, 64, 48), (3, 1, 1)]:
+        # (2..16 rows, K a multiple of 32: AMX tiles where the CPU has them, with ragged row tails)
+        for m, n, k in [(1, 577, 33), (5, 7, 577), (16, 64, 48), (3, 1, 1), (2, 64, 64), (8, 100, 96), (16, 577, 576)]:
             x, w, b = (torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype),
                        torch.randn(n, generator=g).to(dtype))
             want = x.double() @ w.double().T + b.double()
@@ -53,6 +54,15 @@ CHECK = textwrap.dedent("""
 """)
 
 
+def _cpu_has(*flags: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return all(flag in have for flag in flags)
+
+
 def run_check(env: dict) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", CHECK], env={**os.environ, **env}, capture_output=True, text=True, check=True
@@ -63,6 +73,7 @@ def run_check(env: dict) -> dict:
 @pytest.mark.parametrize(
     "env,isa",
     [
+        ({"GRAPHRT_CPU_ISA": "avx512"}, "avx512"),  # without AMX tiles (where the CPU has them)
         ({"GRAPHRT_CPU_ISA": "avx2"}, "avx2"),
         ({"GRAPHRT_CPU_ISA": "portable"}, "portable"),
         ({"GRAPHRT_NATIVE": "0"}, None),
@@ -75,6 +86,10 @@ def test_each_path_matches_the_reference(env, isa):
     result = run_check(env)
     if isa == "widest":
         assert result["isa"] in native_library.ISAS
+        if _cpu_has("amx_tile", "amx_bf16", "avx512_bf16"):  # bf16 products of 2-16 rows on tiles
+            assert result["isa"] == "amx"
+    elif isa == "avx512" and not _cpu_has("avx512f", "avx512bw", "avx512vl", "avx512dq"):
+        assert result["isa"] in ("avx2", "portable")  # a set the CPU lacks is never chosen
     else:
         assert result["isa"] == isa
     for name, err in result["errs"].items():

@@ -32,6 +32,25 @@ at::Tensor as_contiguous(const at::Tensor& t, at::ScalarType dtype) {
 
 bool is_weight_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16; }
 
+// fp32 → bf16 bits, round to nearest even (NaN stays NaN), as torch's conversion.
+inline uint16_t round_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Columns [n0, n1) of y [M, N]: bias added (when given), then rounded into out (when bf16).
+void finish_columns(float* y, const float* bias, uint16_t* out, int64_t M, int64_t N, int64_t n0, int64_t n1) {
+  for (int64_t m = 0; m < M; ++m) {
+    float* row = y + m * N;
+    if (bias != nullptr)
+      for (int64_t n = n0; n < n1; ++n) row[n] += bias[n];
+    if (out != nullptr)
+      for (int64_t n = n0; n < n1; ++n) out[m * N + n] = round_bf16(row[n]);
+  }
+}
+
 // x [..., K] · w[N, K]^T (+ bias) → [..., N] in x's dtype; fp32 accumulation.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "graphrt::linear: weight must be a contiguous [N, K] matrix");
@@ -44,10 +63,18 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   const bool dot = isa.gemm_bf16_dot != nullptr && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16;
   const at::Tensor x2 = as_contiguous(x.dim() == 2 ? x : x.reshape({-1, K}), dot ? at::kBFloat16 : at::kFloat);
   const int64_t M = x2.size(0);
+  // fp32 results; a bf16 caller's output is rounded from them by each thread, bias added first
+  const bool round = x.scalar_type() == at::kBFloat16;
   at::Tensor y = at::empty({M, N}, x2.options().dtype(at::kFloat));
+  at::Tensor out = round ? at::empty({M, N}, x2.options().dtype(at::kBFloat16)) : y;
+  const at::Tensor b = bias.has_value() && bias->defined() ? as_contiguous(*bias, at::kFloat) : at::Tensor();
+  TORCH_CHECK(!b.defined() || b.numel() == N, "graphrt::linear: bias must have N elements");
   const void* xp = x2.data_ptr();
   const void* wp = w.data_ptr();
   float* yp = y.data_ptr<float>();
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  uint16_t* op = round ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
+  auto finish = [&](int64_t n0, int64_t n1) { finish_columns(yp, bp, op, M, N, n0, n1); };
   const GemmFn gemm = w.scalar_type() == at::kFloat ? isa.gemm_f32 : isa.gemm_bf16;
   if (dot && isa.gemm_bf16_amx != nullptr && M >= kAmxMinRows && M <= 16 && K % 32 == 0 && N >= kAmxBlock) {
     // AMX tiles: blocks of 32 output rows; the rows past the last full block take the dot product
@@ -57,9 +84,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
     const int64_t full = N / kAmxBlock;
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / (kAmxBlock * K));
     at::parallel_for(0, full, grain, [&](int64_t b0, int64_t b1) {
+      const int64_t n1 = b1 == full ? N : b1 * kAmxBlock;
       isa.gemm_bf16_amx(pp, wp, yp, M, N, K, b0 * kAmxBlock, b1 * kAmxBlock);
-      if (b1 == full && full * kAmxBlock < N)
-        isa.gemm_bf16_dot(static_cast<const uint16_t*>(xp), wp, yp, M, N, K, full * kAmxBlock, N);
+      if (n1 > b1 * kAmxBlock) isa.gemm_bf16_dot(static_cast<const uint16_t*>(xp), wp, yp, M, N, K, b1 * kAmxBlock, n1);
+      finish(b0 * kAmxBlock, n1);
     });
   } else if (M > 0) {
     // Blocks of 4 output rows (the kernel's tile); small matrices stay on one thread.
@@ -72,12 +100,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
       } else {
         gemm(static_cast<const float*>(xp), wp, yp, M, N, K, n0, n1);
       }
+      finish(n0, n1);
     });
   }
-  if (bias.has_value() && bias->defined()) y.add_(bias->to(at::kFloat));
+  if (x.scalar_type() != at::kFloat && !round) out = y.to(x.scalar_type());
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
-  at::Tensor out = x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
   return x.dim() == 2 ? out : out.reshape(shape);
 }
 

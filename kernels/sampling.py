@@ -5,6 +5,7 @@ Random rows draw by inverse CDF in vocabulary order with one counter-based unifo
 The top-k / top-p / min-p filters are sets of kept tokens, so they do not change that order.
 """
 
+import sys
 from typing import Optional
 
 import torch
@@ -21,6 +22,24 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     allowed = ((bitmask[:, :, None] >> bits) & 1).bool().reshape(bitmask.shape[0], -1)
     return allowed[:, :vocab_size]
+
+
+# bit j of byte b → token 8b + j (a little-endian int32 word w holds tokens 32w..32w+31 in bytes 4w..4w+3)
+_BYTE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()
+
+
+def mask_logits(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """``logits`` with −inf where the packed bitmask has a zero bit, for the ops' CPU bodies: a
+    mask of all ones (no row constrained: the usual step) is skipped, and bytes are unpacked by a
+    table (8x fewer operations than unpack_bitmask's shifts, which traced code keeps)."""
+    if bool((bitmask == -1).all()):
+        return logits
+    vocab = logits.shape[1]
+    if sys.byteorder != "little":
+        return logits.masked_fill(~unpack_bitmask(bitmask, vocab), float("-inf"))
+    table = _BYTE_BITS.to(bitmask.device)
+    allowed = table[bitmask.contiguous().view(torch.uint8).long()].reshape(bitmask.shape[0], -1)[:, :vocab]
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 def _apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: Optional[torch.Tensor]) -> torch.Tensor:
@@ -108,7 +127,7 @@ def _sample(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = logits.float()
     if bitmask is not None:
-        logits = logits.masked_fill(~unpack_bitmask(bitmask, logits.shape[1]), float("-inf"))
+        logits = mask_logits(logits, bitmask)
     greedy = logits.argmax(dim=-1)
     tokens = greedy
     random = temperature > 0
@@ -272,7 +291,7 @@ def _accept_by_ratio(tokens, logprobs, drafts, num_drafts, draft_probs, logits, 
     span, vocab = k + 1, logits.shape[-1]
     logits = logits.float()
     if bitmask is not None:
-        logits = logits.masked_fill(~unpack_bitmask(bitmask, vocab), float("-inf"))
+        logits = mask_logits(logits, bitmask)
     p = filtered_probs(logits, *rep[:4]).view(n, span, vocab)[:, :k]
     q = draft_probs.double()
     ratio = (p.gather(2, drafts[..., None]) / q.gather(2, drafts[..., None]).clamp(min=1e-30))[..., 0]

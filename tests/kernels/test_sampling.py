@@ -60,6 +60,23 @@ def test_bitmask_equals_xgrammar_and_naive_loop(rows, vocab, use_indices, seed):
     assert torch.equal(got, reference.apply_token_bitmask(logits, bitmask, indices))
 
 
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 5), vocab=st.sampled_from([7, 32, 33, 100]), seed=st.integers(0, 1000))
+def test_the_ops_byte_table_mask_equals_the_shifted_bits(rows, vocab, seed):
+    from graphrt.kernels.sampling import mask_logits, unpack_bitmask
+
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=g)
+    words = (vocab + 31) // 32
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (rows, words), generator=g, dtype=torch.int64).to(torch.int32)
+    bitmask[0] = -1  # an unconstrained row beside constrained ones
+    want = logits.masked_fill(~unpack_bitmask(bitmask, vocab), float("-inf"))
+    assert torch.equal(mask_logits(logits, bitmask), want)
+    assert torch.isinf(want[1:]).any() or rows == 1
+    unconstrained = torch.full((rows, words), -1, dtype=torch.int32)
+    assert mask_logits(logits, unconstrained) is logits  # the usual step: nothing to mask, skipped
+
+
 # --- sample ----------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ nothing else from graphrt.
 """
 
 from graphrt.kernels.attention import paged_attention
+from graphrt.kernels.bitmask import apply_token_bitmask
 from graphrt.kernels.cache import reshape_and_cache, slot_mapping
 from graphrt.kernels.checks import KernelArgumentError
 from graphrt.kernels.linear import linear
@@ -19,7 +20,7 @@ from graphrt.kernels.native_library import load as _load_native
 from graphrt.kernels.norm import fused_add_rms_norm, rms_norm
 from graphrt.kernels.quantized import dequantize, linear_quantized
 from graphrt.kernels.rotary import rotary_embedding
-from graphrt.kernels.sampling import apply_token_bitmask, draft_sample, rejection_sample, sample
+from graphrt.kernels.sampling import draft_sample, rejection_sample, sample
 
 NATIVE_ISA = _load_native()  # the instruction set of the native CPU kernels; None: the torch bodies
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from graphrt.kernels.bitmask import unpack_bitmask
 from graphrt.kernels.rng import row_uniform
-from graphrt.kernels.sampling import draw, filtered_probs, unpack_bitmask
+from graphrt.kernels.sampling import draw, filtered_probs
 
 
 def slot_mapping(

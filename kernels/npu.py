@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from graphrt.kernels import cache, canonical, quantized
-from graphrt.kernels.sampling import unpack_bitmask
+from graphrt.kernels.bitmask import unpack_bitmask
 
 # op → (max-autotune: Ascend operators; reduce-overhead: the kernel dispatched on NPU tensors)
 NPU_LOWERING: dict[str, tuple[str, str]] = {

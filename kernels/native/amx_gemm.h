@@ -11,9 +11,10 @@
 // C is 16 weight rows x M fp32, stored and transposed into y. Two weight-row blocks share each B
 // load. Rows that do not fill a block of 32 go to the vector kernel; K must be a multiple of 32.
 
-constexpr int kAmxRows = 32;  // weight rows per step: two A tiles, two C tiles
+constexpr int kAmxRows = graphrt_native::kAmxBlock;  // weight rows a step: two A tiles, two C tiles
+static_assert(kAmxRows == 32, "two tiles of 16 weight rows a step");
 // Prefetch distance in k-steps of 32: 8 measured best of 2, 4, 8, 16 and a row block ahead
-// (`graphrt bench kernels --dtypes bfloat16`: 70% of the read bandwidth at 8 rows, 56% at 16).
+// (`graphrt bench kernels --dtypes bfloat16`: 69% of the read bandwidth at 8 rows, 63% at 16).
 constexpr int64_t kAmxAhead = 8;
 
 struct alignas(64) TileConfig {
@@ -26,6 +27,12 @@ struct alignas(64) TileConfig {
 
 // Tiles: 0, 1 accumulators (16 x M fp32); 2, 3 weight blocks (16 x 32 bf16); 4 activations (16
 // pairs x M).
+// 0, M, 2M, ... 15M: the offsets of one column of a [rows][M] matrix, a lane each.
+static inline __m512i lane_times(int64_t M) {
+  return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                            _mm512_set1_epi32(int(M)));
+}
+
 static inline void configure_tiles(int64_t M) {
   TileConfig cfg;
   for (int t : {0, 1, 4}) {
@@ -43,8 +50,7 @@ static inline void configure_tiles(int64_t M) {
 static inline void pack_activation_pairs(const uint16_t* x, uint32_t* pairs, int64_t M, int64_t K) {
   const uint32_t* x32 = reinterpret_cast<const uint32_t*>(x);
   const int64_t P = K / 2;  // a multiple of 16
-  const __m512i row = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(int(M)));
+  const __m512i row = lane_times(M);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t p = 0; p < P; p += 16)
       _mm512_i32scatter_epi32(pairs + p * M + m, row, _mm512_loadu_si512(x32 + m * P + p), 4);
@@ -57,8 +63,7 @@ static void amx_gemm_rows(const uint32_t* pairs, const uint16_t* w, float* y, in
   alignas(64) float c[kAmxRows * 16];
   const int64_t wstride = K * int64_t(sizeof(uint16_t));
   const int64_t xstride = M * 4;
-  const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(int(M)));
+  const __m512i column = lane_times(M);
   for (int64_t n = n0; n < n1; n += kAmxRows) {
     const uint16_t* w0 = w + n * K;
     const uint16_t* w1 = w0 + 16 * K;

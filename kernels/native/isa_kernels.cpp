@@ -113,7 +113,7 @@ static void gemm_bf16_dot(const uint16_t* x, const void* w, float* y, int64_t M,
 }  // namespace avx512bf16
 #pragma GCC pop_options
 
-// bf16 x bf16 with 4 or more activation rows on AMX tiles (amx_gemm.h); fewer rows, ragged
+// bf16 x bf16 with 2 to 16 activation rows on AMX tiles (amx_gemm.h); other row counts, ragged
 // shapes and the rows beyond the last full block of 32 take the dot product above.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")

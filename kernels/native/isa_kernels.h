@@ -40,7 +40,7 @@ using DequantFn = void (*)(const QuantRows& w, float* out, int64_t r0, int64_t r
 using PackPairsFn = void (*)(const uint16_t* x, uint32_t* pairs, int64_t M, int64_t K);
 using AmxGemmFn = void (*)(const uint32_t* pairs, const void* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
                            int64_t n1);
-constexpr int64_t kAmxMinRows = 2;
+constexpr int64_t kAmxMinRows = 2, kAmxMaxRows = 16;  // a B tile row holds 16 activation rows' pairs
 constexpr int64_t kAmxBlock = 32;
 
 struct IsaKernels {

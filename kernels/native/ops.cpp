@@ -76,7 +76,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   uint16_t* op = round ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
   auto finish = [&](int64_t n0, int64_t n1) { finish_columns(yp, bp, op, M, N, n0, n1); };
   const GemmFn gemm = w.scalar_type() == at::kFloat ? isa.gemm_f32 : isa.gemm_bf16;
-  if (dot && isa.gemm_bf16_amx != nullptr && M >= kAmxMinRows && M <= 16 && K % 32 == 0 && N >= kAmxBlock) {
+  if (dot && isa.gemm_bf16_amx != nullptr && M >= kAmxMinRows && M <= kAmxMaxRows && K % 32 == 0 && N >= kAmxBlock) {
     // AMX tiles: blocks of 32 output rows; the rows past the last full block take the dot product
     at::Tensor pairs = at::empty({K / 2 * M}, x2.options().dtype(at::kInt));
     uint32_t* pp = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());

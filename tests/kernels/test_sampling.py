@@ -63,7 +63,7 @@ def test_bitmask_equals_xgrammar_and_naive_loop(rows, vocab, use_indices, seed):
 @settings(max_examples=20, deadline=None)
 @given(rows=st.integers(1, 5), vocab=st.sampled_from([7, 32, 33, 100]), seed=st.integers(0, 1000))
 def test_the_ops_byte_table_mask_equals_the_shifted_bits(rows, vocab, seed):
-    from graphrt.kernels.sampling import mask_logits, unpack_bitmask
+    from graphrt.kernels.bitmask import mask_logits, unpack_bitmask
 
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(rows, vocab, generator=g)

@@ -3,8 +3,8 @@
 The hash covers the runtime (``graphrt/``), the op library (``graphrt.kernels``) and the passes
 (``graphrt.passes``) wherever they are installed from, native sources included: editing a pass or a
 kernel changes every graph-cache key. It leaves out the runtime's outer folders, whose code is
-never traced into a graph (the command line, the benchmarks, the HTTP server): editing them
-keeps every compiled graph. This module imports nothing of the runtime above it.
+never traced into a graph (the command line, the benchmarks, the HTTP server, the speculative
+drafters' host-side policy): editing them keeps every compiled graph. This module imports nothing of the runtime above it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pathlib
 __version__ = "0.1.0"
 
 _SOURCE_SUFFIXES = (".py", ".cpp", ".h")
-_OUTSIDE_GRAPHS = ("bench", "cli", "server")  # graphrt's folders that only drive the engine
+_OUTSIDE_GRAPHS = ("bench", "cli", "server", "spec")  # graphrt's folders that only drive the engine
 
 
 def package_dirs() -> dict[str, pathlib.Path]:

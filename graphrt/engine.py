@@ -245,10 +245,11 @@ class LLMEngine(EngineStartup):
     def _verify_cost_ratio(self, rows: int) -> float:
         """A step with drafts over a plain step, measured at ``rows`` decoding rows: the verify
         step (and with MTP the MTP step after it, which runs only for drafting requests) over a
-        main step. Plain steps are timed first (no drafts until they are: infinite), then steps
-        with drafts (taken while untimed: ratio 1), so that neither cost is ever guessed. The MTP
-        step after a verify step holds 1 to k + 1 tokens a row; until the k + 1 size is timed,
-        the one-token size (timed after every main step) stands for it."""
+        main step. Compiled graphs are timed at start-up (``time_decode_graphs``); a key that
+        has no time (eager steps) is timed as it runs: plain steps first (no drafts until they
+        are: infinite), then steps with drafts (taken while untimed: ratio 1), so that neither
+        cost is guessed. The MTP step after a verify step holds 1 to k + 1 tokens a row; until
+        the k + 1 size is timed, the one-token size stands for it."""
         main, verify, mtp_after_verify = self.graphs.decode_keys(rows)
         times = self.runner.step_times.mean
         if main not in times:
@@ -289,6 +290,7 @@ class LLMEngine(EngineStartup):
             accepted = drafted - result.num_rejected.get(req.request_id, 0)
             req.num_draft_tokens += drafted
             req.num_accepted_tokens += accepted
+            req.num_draft_misses += accepted < drafted
             self.spec_stats.record(drafted, accepted)
             top = tops.get(req.request_id) or [None] * len(result.sampled[req.request_id])
             for token, logprob, alternatives in zip(

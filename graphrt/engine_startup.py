@@ -71,6 +71,7 @@ class EngineStartup:
         self.initialize_kv_cache()
         t2 = time.perf_counter()
         self.capture_model()
+        self.time_decode_graphs()
         self.record_settings()
         self.startup_seconds = {"load": t1 - t0, "kv_cache": t2 - t1, "graphs": time.perf_counter() - t2}
         return self
@@ -302,6 +303,20 @@ class EngineStartup:
             self._captured(*builder.finish(pending.popleft()), bar)
         bar.close()
         return self.capture_report
+
+    def time_decode_graphs(self) -> None:
+        """With a drafter: every decode size's main, verify and MTP graphs replayed, so that it
+        weighs drafts on measured costs from the first step (``StepTimes.seed``)."""
+        if self.proposer is None or not self.graphs.graphs:
+            return
+        keys = []
+        for rows in self.graphs.sizes.decode:
+            if rows <= self.sched_config.max_num_seqs:
+                main, verify, mtp_after_verify = self.graphs.decode_keys(rows)
+                keys += [main, verify]
+                if self.mtp_module is not None:
+                    keys += [mtp_after_verify, self.graphs.key_for("mtp", rows, rows)]
+        self.runner.step_times.seed(self.graphs.graphs, keys)
 
     def _captured(self, graph, how: str, seconds: float, bar) -> None:
         key = next(k for k in self.graphs.all_keys() if k.name == graph.name)

@@ -4,7 +4,8 @@ The hash covers the runtime (``graphrt/``), the op library (``graphrt.kernels``)
 (``graphrt.passes``) wherever they are installed from, native sources included: editing a pass or a
 kernel changes every graph-cache key. It leaves out the runtime's outer folders, whose code is
 never traced into a graph (the command line, the benchmarks, the HTTP server, the speculative
-drafters' host-side policy): editing them keeps every compiled graph. This module imports nothing of the runtime above it.
+drafters' host-side policy): editing them keeps every compiled graph. This module imports
+nothing of the runtime above it.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ class Request:
     draft_token_ids: list[int] = field(default_factory=list)  # proposed for the next step only
     num_draft_tokens: int = 0  # drafts scored so far
     num_accepted_tokens: int = 0  # drafts accepted so far
+    num_draft_misses: int = 0  # verify steps that rejected one of its drafts
     lora_id: int = 0  # the LoRA adapter's lora_int_id (0: the base model)
     lora_slot: int = -1  # its adapter slot while the request runs
     mm_input: object = None  # images: multimodal.inputs.MultiModalInput (positions, embeddings, hashes)

@@ -6,15 +6,19 @@ and any grammar may draft, because the verify step samples every position exactl
 step would and keeps drafts only while they equal those tokens.
 
 Whether a step verifies is a cost model. A verify graph scores k + 1 positions for every row,
-so a step with drafts costs ``ratio`` times a main step of the same rows (measured as the graphs
-run: ``StepTimes``; 1.36 at one row and about 3 at eight on a 2-core CPU, `graphrt bench spec`).
-It yields ``rows + E`` tokens where E is the expected number of accepted drafts, so it pays when
-``E > rows · (ratio − 1)``. A request's expected accepted drafts out of d is
-``a + a² + … + aᵈ`` with ``a`` its acceptance so far (``(accepted + 1) / (drafted + 2)``);
-a request that has drafted fewer than ``probe`` tokens counts all its drafts (it is being
-probed: without a trial its acceptance cannot be known). The engine times plain steps first (no
-drafts until a main graph is timed: ratio ∞), then takes drafts while the verify graph is untimed
-(ratio 1), so neither cost is guessed.
+so a step with drafts costs ``ratio`` times a main step of the same rows (``StepTimes``: each
+decode graph replayed at start-up, then whole steps as they run; 1.4 at one row and 1.3 at eight
+for k = 1 on a 2-core CPU, `graphrt bench spec`). It yields ``rows + E`` tokens where E is the
+expected number of accepted drafts, so it pays when ``E > rows · (ratio − 1)``.
+
+A request's expected accepted drafts out of d are ``a + a² + … + aᵈ``, a its per-draft acceptance.
+Drafts are accepted in order up to the first wrong one, so each verify step shows a request's
+accepted drafts and at most one miss: ``a = accepted / (accepted + misses)``. The estimate is
+optimistic on purpose — one accepted draft is assumed before any is scored,
+``a = (accepted + 1) / (accepted + misses + 1)`` — so a new request drafts (at most k are right)
+and stops as soon as its record says its drafts cannot pay: far below the break-even after a
+miss or two, and near it, where each round loses little, after more. Finding out costs a round
+or two of drafting a request; no fixed probing period.
 """
 
 from __future__ import annotations
@@ -32,17 +36,20 @@ CostRatio = Callable[[int], "float | None"]
 
 
 class Drafter:
-    def __init__(self, config: SpeculativeConfig, cost_ratio: CostRatio | None = None, probe: int = 8) -> None:
+    def __init__(self, config: SpeculativeConfig, cost_ratio: CostRatio | None = None) -> None:
         self.k = config.num_speculative_tokens
         self.proposer = NgramProposer(self.k, config.prompt_lookup_max, config.prompt_lookup_min)
         self.cost_ratio = cost_ratio or (lambda rows: None)
-        self.probe = probe
+
+    @staticmethod
+    def acceptance(req) -> float:
+        """The request's per-draft acceptance, optimistically (one accepted draft assumed)."""
+        accepted = req.num_accepted_tokens
+        return (accepted + 1) / (accepted + req.num_draft_misses + 1)
 
     def expected_accepted(self, req, num_drafts: int) -> float:
-        if req.num_draft_tokens < self.probe:
-            return float(num_drafts)
-        a = (req.num_accepted_tokens + 1) / (req.num_draft_tokens + 2)
-        return a * (1 - a**num_drafts) / (1 - a)
+        a = self.acceptance(req)
+        return float(num_drafts) if a == 1.0 else a * (1 - a**num_drafts) / (1 - a)
 
     def propose(self, req, room: int) -> list[int]:
         """Up to ``room`` draft tokens for ``req`` (prompt lookup)."""
@@ -78,16 +85,17 @@ class MTPDrafter(Drafter):
     K drafts here (``remember``); a row takes them when they were made for its current length.
 
     The MTP step costs a layer's forward over every token a step computes, so a request whose
-    drafts do not pay leaves it: a request whose expected accepted drafts (k while it is being
-    probed: the most it could gain) fall below its share of the measured cost of drafting (verify
-    + MTP steps over main steps, the cost model of the verify decision) no longer runs through the
-    MTP layer (``wants_mtp``) and decodes plainly, at plain speed.
+    drafts do not pay leaves it: a request whose expected accepted drafts (k before any is scored:
+    the most it could gain) fall below its share of the measured cost of drafting (verify + MTP
+    steps over main steps, the cost model of the verify decision) no longer runs through the MTP
+    layer (``wants_mtp``) and decodes plainly, at plain speed. It leaves for good: the MTP layer
+    needs the main model's hidden state at every position, and those of the steps it skipped are
+    gone.
     """
 
-    def __init__(self, config: SpeculativeConfig, cost_ratio: CostRatio | None = None, probe: int = 8) -> None:
+    def __init__(self, config: SpeculativeConfig, cost_ratio: CostRatio | None = None) -> None:
         self.k = config.num_speculative_tokens
         self.cost_ratio = cost_ratio or (lambda rows: None)
-        self.probe = probe
         self.per_row_need = 0.0  # the last step's drafting cost a decoding row, in main steps
         self.left: set[str] = set()  # requests that stopped drafting (their MTP cache has gaps since)
         self.drafts: dict[str, tuple] = {}  # request id → (its length then, drafts, their distributions)
@@ -97,7 +105,7 @@ class MTPDrafter(Drafter):
             return False
         if math.isinf(self.per_row_need):  # plain steps not timed yet
             return True
-        if self.expected_accepted(req, self.k) > self.per_row_need:  # a request being probed counts k
+        if self.expected_accepted(req, self.k) > self.per_row_need:  # k before any draft is scored
             return True
         self.left.add(req.request_id)
         return False

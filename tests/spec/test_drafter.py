@@ -13,7 +13,7 @@ from graphrt.spec.drafter import Drafter
 CONFIG = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1})
 
 
-def decoding(rid, tokens, drafted=0, accepted=0, prefill=False):
+def decoding(rid, tokens, accepted=0, misses=0, prefill=False):
     return SimpleNamespace(
         request_id=rid,
         all_token_ids=tokens,
@@ -21,8 +21,9 @@ def decoding(rid, tokens, drafted=0, accepted=0, prefill=False):
         num_computed_tokens=len(tokens) - (5 if prefill else 1),
         output_token_ids=[],
         params=SamplingParams(max_tokens=100, temperature=0.7, top_k=5),
-        num_draft_tokens=drafted,
+        num_draft_tokens=accepted + 3 * misses,
         num_accepted_tokens=accepted,
+        num_draft_misses=misses,
         draft_token_ids=[],
     )
 
@@ -37,18 +38,20 @@ def test_unmeasured_costs_take_drafts_and_filtered_random_rows_draft():
 
 
 @pytest.mark.parametrize(
-    "ratio, drafted, accepted, takes",
+    "ratio, accepted, misses, takes",
     [
-        (1.4, 0, 0, True),  # still probed: all three drafts count, 3 > 0.4
-        (1.4, 40, 30, True),  # a = 31/42: expects 1.6 > 0.4
-        (1.4, 40, 4, False),  # a = 5/42: expects 0.13 < 0.4
-        (3.0, 40, 38, False),  # a = 39/42: expects 2.6 < 4 (two rows x (3 - 1)), the other row drafts nothing
+        (1.4, 0, 0, True),  # nothing scored yet: all three drafts count, 3 > 0.4
+        (1.4, 30, 10, True),  # a = 31/41: expects 1.76 > 0.4
+        (1.4, 4, 36, False),  # a = 5/41: expects 0.14 < 0.4
+        (1.3, 0, 3, True),  # three misses, none accepted: a = 1/4 still expects 0.33 > 0.3
+        (1.3, 0, 4, False),  # the fourth: a = 1/5 expects 0.25 < 0.3
+        (3.0, 38, 2, False),  # a = 39/41: expects 2.72 < 4 (two rows x (3 - 1)), the other row drafts nothing
     ],
 )
-def test_drafts_are_taken_when_expected_accepted_tokens_pay_for_the_verify_step(ratio, drafted, accepted, takes):
-    reqs = [decoding("a", REPEATS, drafted, accepted)]
+def test_drafts_are_taken_when_expected_accepted_tokens_pay_for_the_verify_step(ratio, accepted, misses, takes):
+    reqs = [decoding("a", REPEATS, accepted, misses)]
     if ratio == 3.0:
-        reqs.append(decoding("b", [9, 8, 7], 40, 0))  # a second decoding row that finds no draft
+        reqs.append(decoding("b", [9, 8, 7], 0, 40))  # a second decoding row that finds no draft
     Drafter(CONFIG, cost_ratio=lambda rows: ratio).propose_for(reqs, {r.request_id: 0 for r in reqs}, 1000)
     assert (reqs[0].draft_token_ids == [3, 4, 1]) is takes
     assert all(r.draft_token_ids == [] for r in reqs[1:])
@@ -73,16 +76,31 @@ def test_step_times_skip_warm_up_and_average():
     assert times.mean[main] == 2.0 and times.ratio(verify, main) == 2.0
 
 
+def test_step_times_seeded_by_replaying_graphs_then_taken_over_by_steps():
+    calls = []
+    main, verify, other = GraphKey("main", 1, 1), GraphKey("verify", 2, 1), GraphKey("main", 8, 8)
+    times = StepTimes(skip=1, weight=0.5)
+    times.seed({main: lambda: calls.append("main"), verify: lambda: calls.append("verify")}, [main, verify, other])
+    assert calls == ["main"] * 3 + ["verify"] * 3  # one untimed replay, then two timed
+    assert times.mean[main] > 0 and times.mean[verify] > 0 and other not in times.mean  # no graph: not timed
+    times.mean[main] = 2.0
+    times.seed({main: lambda: calls.append("again")}, [main])
+    assert "again" not in calls  # a key with a time keeps it
+    times.record(main, 100.0)  # a first step: left out
+    times.record(main, 4.0)
+    assert times.mean[main] == 3.0
+
+
 def test_mtp_requests_leave_the_mtp_layer_when_drafting_cannot_pay():
     from graphrt.spec.drafter import MTPDrafter
 
     drafter = MTPDrafter(SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 2}))
-    fresh, failing, good = decoding("a", REPEATS), decoding("b", REPEATS, 40, 2), decoding("c", REPEATS, 40, 36)
+    fresh, failing, good = decoding("a", REPEATS), decoding("b", REPEATS, 2, 20), decoding("c", REPEATS, 36, 2)
     drafter.per_row_need = float("inf")  # plain steps untimed: everyone stays
     assert all(drafter.wants_mtp(r) for r in (fresh, failing, good))
     drafter.per_row_need = 1.2  # drafting costs 2.2 main steps a row
-    assert drafter.wants_mtp(fresh) and drafter.wants_mtp(good)  # probed: up to 2 > 1.2; a = 37/42: 1.66
-    assert not drafter.wants_mtp(failing)  # a = 3/42: 0.08
+    assert drafter.wants_mtp(fresh) and drafter.wants_mtp(good)  # nothing scored: 2 > 1.2; a = 37/39: 1.85
+    assert not drafter.wants_mtp(failing)  # a = 3/23: 0.15
     drafter.per_row_need = 2.5  # now not even two right drafts pay
     assert not drafter.wants_mtp(fresh) and not drafter.wants_mtp(good)
     drafter.per_row_need = 0.0
@@ -94,3 +112,23 @@ def test_mtp_requests_leave_the_mtp_layer_when_drafting_cannot_pay():
     assert drafter.probs_of("c", [4, 5]) is None
     drafter.remember("c", 11, [4, 5], "q")
     assert drafter.propose(good, 2) == [] and drafter.probs_of("c", [4]) == "q" and drafter.probs_of("c", [5]) is None
+
+
+@pytest.mark.parametrize("need, misses_to_leave", [(0.9, 1), (0.45, 2), (0.22, 4)])
+def test_a_request_whose_drafts_all_miss_leaves_after_a_few_misses(need, misses_to_leave):
+    """Optimistic acceptance: the cheaper drafting is, the longer a request is given; far below
+    the break-even (a verify + MTP round near two main steps at one row) the first miss ends it.
+    A request whose drafts are all accepted never leaves."""
+    from graphrt.spec.drafter import MTPDrafter
+
+    drafter = MTPDrafter(SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 1}))
+    drafter.per_row_need = need
+    req = decoding("a", REPEATS)
+    for misses in range(1, 10):
+        req.num_draft_misses = misses
+        if not drafter.wants_mtp(req):
+            break
+    assert misses == misses_to_leave
+    right = decoding("b", REPEATS, accepted=200)
+    drafter.per_row_need = 0.99
+    assert drafter.wants_mtp(right) and drafter.expected_accepted(right, 1) == 1.0

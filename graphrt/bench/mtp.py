@@ -119,7 +119,7 @@ def _timed(llm, prompts, params) -> tuple[list[list[int]], float]:
 
 
 def bench_mtp(
-    model, dtype: str, batch_sizes: list[int], ks: list[int], gen_len: int, layers: int = 8, rounds: int = 2
+    model, dtype: str, batch_sizes: list[int], ks: list[int], gen_len: int, layers: int = 8, rounds: int = 5
 ) -> dict:
     from graphrt.llm import LLM
     from graphrt.runner.graph_cache import CaptureSizes

@@ -82,6 +82,9 @@ def add_parser(sub) -> None:
             k.add_argument(
                 "--layers", type=int, default=8, help="mtp without --model: layers of the random DeepSeek-V3"
             )
+            k.add_argument(
+                "--rounds", type=int, default=None, help="interleaved runs of every engine, medians taken (2; mtp: 5)"
+            )
         if name == "serve":
             k.add_argument("--requests", type=int, default=64, help="requests in all")
             k.add_argument("--concurrency", type=int, default=16, help="clients streaming at once")
@@ -148,12 +151,20 @@ def run(args: argparse.Namespace) -> int:
         if args.method == "mtp":
             from graphrt.bench.mtp import bench_mtp
 
-            result = bench_mtp(args.model, args.dtype, args.batch_sizes, args.ks or [1, 3], args.gen_len, args.layers)
+            result = bench_mtp(
+                args.model, args.dtype, args.batch_sizes, args.ks or [1, 3], args.gen_len, args.layers, args.rounds or 5
+            )
         else:
             from graphrt.bench.spec import bench_spec
 
             result = bench_spec(
-                args.model, args.dtype, args.batch_sizes, args.ks or [3, 5], args.gen_len, backend=args.backend
+                args.model,
+                args.dtype,
+                args.batch_sizes,
+                args.ks or [3, 5],
+                args.gen_len,
+                args.rounds or 2,
+                backend=args.backend,
             )
     elif args.bench == "serve":
         from graphrt.bench.serve import bench_serve

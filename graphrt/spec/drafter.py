@@ -14,11 +14,12 @@ expected number of accepted drafts, so it pays when ``E > rows · (ratio − 1)`
 A request's expected accepted drafts out of d are ``a + a² + … + aᵈ``, a its per-draft acceptance.
 Drafts are accepted in order up to the first wrong one, so each verify step shows a request's
 accepted drafts and at most one miss: ``a = accepted / (accepted + misses)``. The estimate is
-optimistic on purpose — one accepted draft is assumed before any is scored,
-``a = (accepted + 1) / (accepted + misses + 1)`` — so a new request drafts (at most k are right)
-and stops as soon as its record says its drafts cannot pay: far below the break-even after a
-miss or two, and near it, where each round loses little, after more. Finding out costs a round
-or two of drafting a request; no fixed probing period.
+optimistic on purpose — two accepted drafts are assumed before any is scored,
+``a = (accepted + 2) / (accepted + misses + 2)`` — so a new request drafts (all k count) and
+stops once its record says its drafts cannot pay: far below the break-even after its first miss
+(MTP at one row, where a round costs nearly two main steps), near it after more rounds, each of
+which loses little. One assumed draft was too few: a prompt-lookup request whose first proposal
+missed stopped for good on a copying prompt that pays 1.7× (`graphrt bench spec`).
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ class Drafter:
         self.proposer = NgramProposer(self.k, config.prompt_lookup_max, config.prompt_lookup_min)
         self.cost_ratio = cost_ratio or (lambda rows: None)
 
-    @staticmethod
-    def acceptance(req) -> float:
-        """The request's per-draft acceptance, optimistically (one accepted draft assumed)."""
-        accepted = req.num_accepted_tokens
-        return (accepted + 1) / (accepted + req.num_draft_misses + 1)
+    assumed = 2  # accepted drafts assumed before any is scored
+
+    def acceptance(self, req) -> float:
+        """The request's per-draft acceptance, optimistically."""
+        accepted = req.num_accepted_tokens + self.assumed
+        return accepted / (accepted + req.num_draft_misses)
 
     def expected_accepted(self, req, num_drafts: int) -> float:
         a = self.acceptance(req)

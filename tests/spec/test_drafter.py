@@ -41,11 +41,11 @@ def test_unmeasured_costs_take_drafts_and_filtered_random_rows_draft():
     "ratio, accepted, misses, takes",
     [
         (1.4, 0, 0, True),  # nothing scored yet: all three drafts count, 3 > 0.4
-        (1.4, 30, 10, True),  # a = 31/41: expects 1.76 > 0.4
-        (1.4, 4, 36, False),  # a = 5/41: expects 0.14 < 0.4
-        (1.3, 0, 3, True),  # three misses, none accepted: a = 1/4 still expects 0.33 > 0.3
-        (1.3, 0, 4, False),  # the fourth: a = 1/5 expects 0.25 < 0.3
-        (3.0, 38, 2, False),  # a = 39/41: expects 2.72 < 4 (two rows x (3 - 1)), the other row drafts nothing
+        (1.4, 30, 10, True),  # a = 32/42: expects 1.78 > 0.4
+        (1.4, 4, 36, False),  # a = 6/42: expects 0.17 < 0.4
+        (1.3, 0, 6, True),  # six misses, none accepted: a = 2/8 still expects 0.33 > 0.3
+        (1.3, 0, 7, False),  # the seventh: a = 2/9 expects 0.28 < 0.3
+        (3.0, 38, 2, False),  # a = 40/42: expects 2.72 < 4 (two rows x (3 - 1)), the other row drafts nothing
     ],
 )
 def test_drafts_are_taken_when_expected_accepted_tokens_pay_for_the_verify_step(ratio, accepted, misses, takes):
@@ -99,8 +99,8 @@ def test_mtp_requests_leave_the_mtp_layer_when_drafting_cannot_pay():
     drafter.per_row_need = float("inf")  # plain steps untimed: everyone stays
     assert all(drafter.wants_mtp(r) for r in (fresh, failing, good))
     drafter.per_row_need = 1.2  # drafting costs 2.2 main steps a row
-    assert drafter.wants_mtp(fresh) and drafter.wants_mtp(good)  # nothing scored: 2 > 1.2; a = 37/39: 1.85
-    assert not drafter.wants_mtp(failing)  # a = 3/23: 0.15
+    assert drafter.wants_mtp(fresh) and drafter.wants_mtp(good)  # nothing scored: 2 > 1.2; a = 38/40: 1.85
+    assert not drafter.wants_mtp(failing)  # a = 4/24: 0.19
     drafter.per_row_need = 2.5  # now not even two right drafts pay
     assert not drafter.wants_mtp(fresh) and not drafter.wants_mtp(good)
     drafter.per_row_need = 0.0
@@ -114,7 +114,7 @@ def test_mtp_requests_leave_the_mtp_layer_when_drafting_cannot_pay():
     assert drafter.propose(good, 2) == [] and drafter.probs_of("c", [4]) == "q" and drafter.probs_of("c", [5]) is None
 
 
-@pytest.mark.parametrize("need, misses_to_leave", [(0.9, 1), (0.45, 2), (0.22, 4)])
+@pytest.mark.parametrize("need, misses_to_leave", [(0.9, 1), (0.45, 3), (0.22, 8)])
 def test_a_request_whose_drafts_all_miss_leaves_after_a_few_misses(need, misses_to_leave):
     """Optimistic acceptance: the cheaper drafting is, the longer a request is given; far below
     the break-even (a verify + MTP round near two main steps at one row) the first miss ends it.
@@ -124,7 +124,7 @@ def test_a_request_whose_drafts_all_miss_leaves_after_a_few_misses(need, misses_
     drafter = MTPDrafter(SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 1}))
     drafter.per_row_need = need
     req = decoding("a", REPEATS)
-    for misses in range(1, 10):
+    for misses in range(1, 12):
         req.num_draft_misses = misses
         if not drafter.wants_mtp(req):
             break

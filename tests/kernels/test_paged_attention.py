@@ -67,21 +67,31 @@ def test_fused_write_then_attend_equals_write_then_attend(rows, block_size, pad)
     torch.testing.assert_close(fused, split)
 
 
-def test_paged_equals_sdpa_over_contiguous_sequences():
-    rows = [(37, 37), (20, 1), (50, 13), (9, 9)]
-    b = make_batch(rows, 4, 8, 2, 16)
+@pytest.mark.parametrize(
+    "rows, block_size, heads, head_dim",
+    [
+        ([(37, 37), (20, 1), (50, 13), (9, 9)], 4, (8, 2), 16),
+        # past one work item's 128 keys: a verify-like row (6 tokens at 300 keys), a decode row,
+        # a prefill over two items; each token's items merge in key order whatever order they ran
+        ([(300, 6), (260, 1), (140, 140)], 16, (9, 3), 64),
+    ],
+)
+def test_paged_equals_sdpa_over_contiguous_sequences(rows, block_size, heads, head_dim):
+    h, hkv = heads
+    b = make_batch(rows, block_size, h, hkv, head_dim)
     kernels.reshape_and_cache(b.k, b.v, b.k_cache, b.v_cache, b.slots)
-    got = kernels.paged_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, 0.25)
+    scale = head_dim**-0.5
+    got = kernels.paged_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, scale)
     for r, (seq_len, q_len) in enumerate(rows):
         # the same sequence laid out contiguously: its K/V rows in position order
-        slots = [b.block_tables[r, j // 4].item() * 4 + j % 4 for j in range(seq_len)]
-        keys = b.k_cache.reshape(-1, 2, 16)[slots].transpose(0, 1)  # [Hkv, L, D]
-        vals = b.v_cache.reshape(-1, 2, 16)[slots].transpose(0, 1)
+        slots = [b.block_tables[r, j // block_size].item() * block_size + j % block_size for j in range(seq_len)]
+        keys = b.k_cache.reshape(-1, hkv, head_dim)[slots].transpose(0, 1)  # [Hkv, L, D]
+        vals = b.v_cache.reshape(-1, hkv, head_dim)[slots].transpose(0, 1)
         start = b.query_start_loc[r].item()
         q = b.q[start : start + q_len].transpose(0, 1)
         mask = torch.ones(q_len, seq_len, dtype=torch.bool).tril(diagonal=seq_len - q_len)
         want = F.scaled_dot_product_attention(
-            q, keys.repeat_interleave(4, 0), vals.repeat_interleave(4, 0), attn_mask=mask, scale=0.25
+            q, keys.repeat_interleave(h // hkv, 0), vals.repeat_interleave(h // hkv, 0), attn_mask=mask, scale=scale
         )
         torch.testing.assert_close(got[start : start + q_len], want.transpose(0, 1), atol=1e-5, rtol=1e-5)
 

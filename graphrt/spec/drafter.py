@@ -68,7 +68,7 @@ class Drafter:
         self.per_row_need = (1.0 if ratio is None else ratio) - 1.0
         needed = len(decoding) * self.per_row_need
         if sum(self.expected_accepted(req, self.k) for req in candidates) <= needed:
-            return  # even k drafts a row would not pay: skip the lookups
+            return self.declined(candidates)  # even k drafts a row would not pay: skip the lookups
         expected = 0.0
         for req in candidates:
             room = min(
@@ -78,8 +78,13 @@ class Drafter:
                 req.draft_token_ids = self.propose(req, room)
                 expected += self.expected_accepted(req, len(req.draft_token_ids))
         if expected <= needed:
+            self.declined([req for req in candidates if req.draft_token_ids])
             for req in candidates:
                 req.draft_token_ids = []
+
+    def declined(self, reqs) -> None:
+        """The step decodes plainly: these requests' drafts (or, at best, k right drafts each)
+        would not pay for a verify step."""
 
 
 class MTPDrafter(Drafter):
@@ -90,9 +95,12 @@ class MTPDrafter(Drafter):
     drafts do not pay leaves it: a request whose expected accepted drafts (k before any is scored:
     the most it could gain) fall below its share of the measured cost of drafting (verify + MTP
     steps over main steps, the cost model of the verify decision) no longer runs through the MTP
-    layer (``wants_mtp``) and decodes plainly, at plain speed. It leaves for good: the MTP layer
-    needs the main model's hidden state at every position, and those of the steps it skipped are
-    gone.
+    layer (``wants_mtp``) and decodes plainly, at plain speed. So does every request of a step
+    whose drafts together do not pay for verifying it (``declined``; a verify graph pays k + 1
+    slots for every row, drafted or not): until the batch changes the next step would decline
+    them too, and without verify steps their records never change, so the MTP layer would run
+    for nothing. A request leaves for good: the MTP layer needs the main model's hidden state at
+    every position, and those of the steps it skipped are gone.
     """
 
     def __init__(self, config: SpeculativeConfig, cost_ratio: CostRatio | None = None) -> None:
@@ -111,6 +119,10 @@ class MTPDrafter(Drafter):
             return True
         self.left.add(req.request_id)
         return False
+
+    def declined(self, reqs) -> None:
+        if not math.isinf(self.per_row_need):  # (plain steps untimed: no decision made)
+            self.left.update(req.request_id for req in reqs)
 
     def remember(self, request_id: str, num_tokens: int, drafts: list[int], probs=None) -> None:
         self.drafts[request_id] = (num_tokens, drafts, probs)

@@ -132,3 +132,22 @@ def test_a_request_whose_drafts_all_miss_leaves_after_a_few_misses(need, misses_
     right = decoding("b", REPEATS, accepted=200)
     drafter.per_row_need = 0.99
     assert drafter.wants_mtp(right) and drafter.expected_accepted(right, 1) == 1.0
+
+
+@pytest.mark.parametrize("drafting_rows, verifies", [(8, True), (4, False)])
+def test_mtp_requests_leave_when_their_step_declines_their_drafts(drafting_rows, verifies):
+    """Eight decoding rows, drafting costing 1.41 main steps: rows whose own drafts would pay
+    (a = 0.5 > 0.41) verify together when all eight draft; with four rows already gone from the
+    MTP layer the four left cannot pay for a step over eight rows, and since their records cannot
+    change without verify steps they leave too, rather than run the MTP layer for nothing."""
+    from graphrt.spec.drafter import MTPDrafter
+
+    drafter = MTPDrafter(SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 1}), lambda r: 1.41)
+    reqs = [decoding(str(i), REPEATS + [i], accepted=0, misses=2) for i in range(8)]
+    for req in reqs[drafting_rows:]:
+        drafter.left.add(req.request_id)
+    for req in reqs[:drafting_rows]:
+        drafter.remember(req.request_id, req.num_tokens, [7])
+    drafter.propose_for(reqs, {r.request_id: 0 for r in reqs}, 1000)
+    assert [r.draft_token_ids for r in reqs[:drafting_rows]] == ([[7]] * drafting_rows if verifies else [[]] * 4)
+    assert all(drafter.wants_mtp(r) for r in reqs[:drafting_rows]) is verifies

@@ -77,13 +77,16 @@ def write_random_deepseek(path: str, layers: int, seed: int = 0) -> str:
 
 class ForcedDrafts:
     """Drafts from the plain run's tokens, each right with probability ``accuracy`` (a seeded
-    choice per position), in place of the MTP layer's."""
+    choice per position), in place of the MTP layer's, for requests still drafting with it."""
 
     def __init__(self, drafter, accuracy: float, vocab: int) -> None:
         self.accuracy, self.vocab, self.runs = accuracy, vocab, []
+        self.drafter = drafter
         drafter.propose = self.propose
 
     def propose(self, req, room: int) -> list[int]:
+        if req.request_id in self.drafter.left:  # gone from the MTP layer: it makes no drafts
+            return []
         seq = req.all_token_ids
         for run in self.runs:
             if run[: len(seq)] == seq:

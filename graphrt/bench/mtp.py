@@ -5,10 +5,11 @@ layer's weights under DeepSeek's MTP names) is written to the per-user cache and
 random weights the MTP drafts are never right, so three MTP runs sit beside plain decoding, in
 one run, interleaved: the MTP layer's own drafts, and drafts forced to a given accuracy (the
 plain run's own tokens, each right with probability ``accuracy``: 1.0 and 0.3), whose MTP steps
-still run. Reported: decode tokens/s and speed-up, acceptance, mean accepted length, each step
-kind's cost against a main step (its graph replayed after the runs), and for all-right drafts the
-speed-up those costs predict: k + 1 tokens a row per round of one verify and one MTP step,
-against one token a row per main step.
+still run; ``rounds`` runs of each, medians taken, and a second plain engine beside the first to
+show how far two identical engines fall apart in the same run. Reported: decode tokens/s and
+speed-up, acceptance, mean accepted length, each step kind's cost against a main step (its graph
+replayed after the runs), and for all-right drafts the speed-up those costs predict: k + 1 tokens
+a row per round of one verify and one MTP step, against one token a row per main step.
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ def bench_mtp(
         capture_sizes=CaptureSizes(decode=tuple(sorted(set(batch_sizes))), mixed=(16, 32, 64, budget)),
         progress=False,
     )
-    engines = {"plain": LLM(model, **common)}
+    # a second plain engine: how far two identical engines' speeds fall apart in this run
+    engines = {"plain": LLM(model, **common), "plain (again)": LLM(model, **common)}
     vocab = engines["plain"].engine.loaded.config.vocab_size
     forced = {}
     for k in ks:
@@ -177,7 +179,7 @@ def bench_mtp(
                 "speedup": base / median(times[name]),
                 "same_output": outputs[name] == outputs["plain"],
             }
-            if name != "plain":
+            if not name.startswith("plain"):
                 e = llm.engine
                 stats = llm.stats()
                 row["acceptance"] = stats["spec_acceptance_rate"]
@@ -198,7 +200,7 @@ def bench_mtp(
                 f"batch {batch}  {name:<28} {row['tokens_per_s']:7.1f} decode tok/s  {row['speedup']:.2f}x  "
                 f"same output: {row['same_output']}"
             )
-            if name != "plain":
+            if not name.startswith("plain"):
                 c = row["cost"]
                 line += (
                     f"  acceptance {row['acceptance']:.2f}, mean accepted length {row['mean_accepted_length']:.2f}; "

@@ -12,7 +12,7 @@ import torch
 
 from graphrt.kernels.bitmask import unpack_bitmask
 from graphrt.kernels.rng import row_uniform
-from graphrt.kernels.sampling import draw, filtered_probs
+from graphrt.kernels.sampling import draw, filtered_probs, point_masses
 
 
 def slot_mapping(
@@ -175,13 +175,16 @@ def draft_sample(
     seeds: torch.Tensor,
     offsets: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A draft model's token and its distribution q [R, V] (after temperature and the filters):
-    the argmax for greedy rows, a draw from q on stream 3 for random rows (the target's draws use
-    streams 0-2, so drafts never share their randomness)."""
+    """A draft model's token and its distribution q [R, V]: for random rows a draw from q (after
+    temperature and the filters) on stream 3 (the target's draws use streams 0-2, so drafts never
+    share their randomness); for greedy rows the argmax, q all on it."""
     logits = logits.float()
     probs = filtered_probs(logits, temperature, top_k, top_p, min_p, skip_unused_sort=False)
     drawn = draw(probs, row_uniform(seeds, offsets, 3))
-    return torch.where(temperature > 0, drawn, logits.argmax(dim=-1)), probs
+    greedy = logits.argmax(dim=-1)
+    random = temperature > 0
+    q = torch.where(random[:, None], probs, point_masses(greedy, logits))
+    return torch.where(random, drawn, greedy), q
 
 
 def rejection_sample(

@@ -138,9 +138,20 @@ def _draft_sample(
     offsets: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = logits.float()
+    greedy = logits.argmax(dim=-1)
+    q = point_masses(greedy, logits)
+    random = temperature > 0
+    if not bool(random.any()):  # CPU only: an all-greedy batch needs no softmax and no draw
+        return greedy, q
     probs = filtered_probs(logits, temperature, top_k, top_p, min_p)  # the sort only when a row filters by rank
-    tokens = torch.where(temperature > 0, draw(probs, row_uniform(seeds, offsets, 3)), logits.argmax(dim=-1))
-    return tokens, probs
+    tokens = torch.where(random, draw(probs, row_uniform(seeds, offsets, 3)), greedy)
+    return tokens, torch.where(random[:, None], probs, q)
+
+
+def point_masses(tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """[N, V] float64 (``logits``' shape): all of each row's mass on its token (a greedy row's
+    draft distribution)."""
+    return torch.zeros_like(logits, dtype=torch.float64).scatter(1, tokens[:, None], 1.0)
 
 
 def _draft_sample_fake(logits, temperature, top_k, top_p, min_p, seeds, offsets):
@@ -168,8 +179,8 @@ def draft_sample(
     offsets: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A draft model's token a row and the distribution it came from: ``(tokens [N], q [N, V]
-    float64)``, q after temperature and the filters; greedy rows take the argmax, random rows draw
-    from q on a stream of their own (3; the target's draws use 0-2)."""
+    float64)``; random rows draw from q, after temperature and the filters, on a stream of their
+    own (3; the target's draws use 0-2); greedy rows take the argmax, their q all on it."""
     checks.check_ndim("logits", logits, 2, "[rows, vocab]")
     checks.check_float("logits", logits)
     _check_rows(
@@ -229,11 +240,14 @@ def _accept_by_ratio(tokens, logprobs, drafts, num_drafts, draft_probs, logits, 
     logits = logits.float()
     if bitmask is not None:
         logits = mask_logits(logits, bitmask)
+    random = rep[0].view(n, span)[:, 0] > 0
+    if not bool(random.any()):  # CPU only: greedy rows need neither p nor q
+        accepted = _leading_matches(tokens, drafts, num_drafts)
+        return tokens, logprobs, accepted
     p = filtered_probs(logits, *rep[:4]).view(n, span, vocab)[:, :k]
     q = draft_probs.double()
     ratio = (p.gather(2, drafts[..., None]) / q.gather(2, drafts[..., None]).clamp(min=1e-30))[..., 0]
     u = row_uniform(rep[4], positions, 1).view(n, span)[:, :k]
-    random = rep[0].view(n, span)[:, 0] > 0
     ok = torch.where(random[:, None], u < ratio.clamp(max=1.0), drafts == tokens[:, :-1])
     step = torch.arange(k, device=drafts.device)
     accepted = (ok & (step < num_drafts[:, None])).long().cumprod(dim=1).sum(dim=1)

@@ -370,3 +370,36 @@ def test_sample_applies_the_bitmask_first():
     ref, ref_lp = reference.sample(logits, **p, bitmask=bitmask)
     assert torch.equal(tokens, ref)
     torch.testing.assert_close(logprobs, ref_lp)
+
+
+def test_draft_sample_greedy_rows_draft_the_argmax_with_all_their_mass_on_it():
+    import torch.nn.functional as F
+
+    from graphrt.kernels import canonical
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50)
+    p = {**params(4, top_k=5, seed=3), "temperature": torch.tensor([0.0, 0.8, 0.0, 1.2])}
+    tokens, q = kernels.draft_sample(logits, **p)
+    greedy = logits.argmax(-1)
+    assert tokens[0] == greedy[0] and tokens[2] == greedy[2]
+    assert torch.equal(q[[0, 2]], F.one_hot(greedy[[0, 2]], 50).double())
+    # random rows: their filtered distribution (5 tokens kept) and a token drawn from it
+    assert torch.allclose(q[[1, 3]].sum(-1), torch.ones(2, dtype=torch.float64))
+    assert ((q[[1, 3]] > 0).sum(-1) == 5).all() and (q[[1, 3]].gather(1, tokens[[1, 3], None]) > 0).all()
+    # an all-greedy batch (no softmax, no draw) gives the same rows; the traced spelling agrees
+    t2, q2 = kernels.draft_sample(logits, **{**p, "temperature": torch.zeros(4)})
+    assert torch.equal(t2, greedy) and torch.equal(q2, F.one_hot(greedy, 50).double())
+    ct, cq = canonical.draft_sample(
+        logits, *(p[k] for k in ("temperature", "top_k", "top_p", "min_p", "seeds", "offsets"))
+    )
+    assert torch.equal(ct, tokens) and torch.allclose(cq, q)
+
+
+def test_greedy_rows_with_draft_distributions_accept_while_the_draft_is_the_argmax():
+    logits = greedy_logits([[1, 2, 3, 4], [5, 6, 7, 8]])
+    q = torch.full((2, 3, 10), 0.1, dtype=torch.float64)
+    with_q = rs([[1, 2, 9], [5, 0, 7]], [3, 3], logits, draft_probs=q)
+    without = rs([[1, 2, 9], [5, 0, 7]], [3, 3], logits)
+    assert with_q[0].tolist() == without[0].tolist() == [[1, 2, 3, -1], [5, 6, -1, -1]]
+    torch.testing.assert_close(with_q[1], without[1])

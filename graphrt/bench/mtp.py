@@ -5,7 +5,8 @@ layer's weights under DeepSeek's MTP names) is written to the per-user cache and
 random weights the MTP drafts are never right, so three MTP runs sit beside plain decoding, in
 one run, interleaved: the MTP layer's own drafts, and drafts forced to a given accuracy (the
 plain run's own tokens, each right with probability ``accuracy``: 1.0 and 0.3), whose MTP steps
-still run; ``rounds`` runs of each, medians taken, and a second plain engine beside the first to
+still run; all-right drafts are always verified (the cost model pinned: what MTP yields when its
+drafts are right), 30%-right ones as the cost model decides; ``rounds`` runs of each, medians taken, and a second plain engine beside the first to
 show how far two identical engines fall apart in the same run. Reported: decode tokens/s and
 speed-up, acceptance, mean accepted length, each step kind's cost against a main step (its graph
 replayed after the runs), and for all-right drafts the speed-up those costs predict: k + 1 tokens
@@ -151,6 +152,8 @@ def bench_mtp(
             name = f"mtp k={k} drafts {accuracy:.0%} right"
             engines[name] = LLM(model, speculative_config=config, **common)
             forced[name] = ForcedDrafts(engines[name].engine.proposer, accuracy, vocab)
+            if accuracy == 1.0:  # what MTP yields when drafts are right: every step verifies
+                engines[name].engine.proposer.cost_ratio = lambda rows: 1.0
     params = SamplingParams(max_tokens=gen_len, temperature=0, ignore_eos=True)
     rng = random.Random(0)
     results = []

@@ -6,11 +6,12 @@ random weights the MTP drafts are never right, so three MTP runs sit beside plai
 one run, interleaved: the MTP layer's own drafts, and drafts forced to a given accuracy (the
 plain run's own tokens, each right with probability ``accuracy``: 1.0 and 0.3), whose MTP steps
 still run; all-right drafts are always verified (the cost model pinned: what MTP yields when its
-drafts are right), 30%-right ones as the cost model decides; ``rounds`` runs of each, medians taken, and a second plain engine beside the first to
-show how far two identical engines fall apart in the same run. Reported: decode tokens/s and
-speed-up, acceptance, mean accepted length, each step kind's cost against a main step (its graph
-replayed after the runs), and for all-right drafts the speed-up those costs predict: k + 1 tokens
-a row per round of one verify and one MTP step, against one token a row per main step.
+drafts are right), 30%-right ones as the cost model decides; ``rounds`` runs of each, medians
+taken, and a second plain engine beside the first to show how far two identical engines fall
+apart in the same run. Reported: decode tokens/s and speed-up, acceptance, mean accepted length,
+each step kind's cost against a main step (its graph replayed after the runs), and for all-right
+drafts the speed-up those costs predict: k + 1 tokens a row per round of one verify and one MTP
+step, against one token a row per main step.
 """
 
 from __future__ import annotations

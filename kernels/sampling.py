@@ -220,7 +220,8 @@ def _rejection_sample(
     # every position sampled exactly as a main step samples it: the plain token at that position
     tokens, logprobs = _sample(target_logits, rep[0], rep[1], rep[2], rep[3], rep[4], positions, bitmask)
     tokens, logprobs = tokens.view(n, span), logprobs.view(n, span)
-    if draft_probs is None:  # one-hot drafts: accepted while they equal the plain tokens
+    # one-hot drafts, and any drafts of greedy rows: accepted while they equal the plain tokens
+    if draft_probs is None or not bool((temperature > 0).any()):  # (CPU only: a host branch)
         accepted = _leading_matches(tokens, draft_token_ids, num_draft_tokens)
     else:
         tokens, logprobs, accepted = _accept_by_ratio(
@@ -240,14 +241,11 @@ def _accept_by_ratio(tokens, logprobs, drafts, num_drafts, draft_probs, logits, 
     logits = logits.float()
     if bitmask is not None:
         logits = mask_logits(logits, bitmask)
-    random = rep[0].view(n, span)[:, 0] > 0
-    if not bool(random.any()):  # CPU only: greedy rows need neither p nor q
-        accepted = _leading_matches(tokens, drafts, num_drafts)
-        return tokens, logprobs, accepted
     p = filtered_probs(logits, *rep[:4]).view(n, span, vocab)[:, :k]
     q = draft_probs.double()
     ratio = (p.gather(2, drafts[..., None]) / q.gather(2, drafts[..., None]).clamp(min=1e-30))[..., 0]
     u = row_uniform(rep[4], positions, 1).view(n, span)[:, :k]
+    random = rep[0].view(n, span)[:, 0] > 0
     ok = torch.where(random[:, None], u < ratio.clamp(max=1.0), drafts == tokens[:, :-1])
     step = torch.arange(k, device=drafts.device)
     accepted = (ok & (step < num_drafts[:, None])).long().cumprod(dim=1).sum(dim=1)

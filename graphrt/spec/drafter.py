@@ -37,12 +37,12 @@ CostRatio = Callable[[int], "float | None"]
 
 
 class Drafter:
+    assumed = 2  # accepted drafts assumed before any is scored
+
     def __init__(self, config: SpeculativeConfig, cost_ratio: CostRatio | None = None) -> None:
         self.k = config.num_speculative_tokens
         self.proposer = NgramProposer(self.k, config.prompt_lookup_max, config.prompt_lookup_min)
         self.cost_ratio = cost_ratio or (lambda rows: None)
-
-    assumed = 2  # accepted drafts assumed before any is scored
 
     def acceptance(self, req) -> float:
         """The request's per-draft acceptance, optimistically."""
@@ -68,7 +68,8 @@ class Drafter:
         self.per_row_need = (1.0 if ratio is None else ratio) - 1.0
         needed = len(decoding) * self.per_row_need
         if sum(self.expected_accepted(req, self.k) for req in candidates) <= needed:
-            return self.declined(candidates)  # even k drafts a row would not pay: skip the lookups
+            self.declined(candidates)  # even k drafts a row would not pay: skip the lookups
+            return
         expected = 0.0
         for req in candidates:
             room = min(

@@ -126,3 +126,11 @@ def test_generate_with_a_lora_adapter(tiny_tok_model, tmp_path, capsys):
     assert want in out and want != llm.generate(["Hello"], params)[0].text
     with pytest.raises(SystemExit, match="--lora 'no-equals-sign' must be NAME=PATH"):
         main([*argv, "--lora", "no-equals-sign"])
+
+
+@pytest.mark.parametrize("rounds", ["0", "-2"])
+def test_bench_spec_rounds_must_be_positive(rounds, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "spec", "--rounds", rounds])
+    assert exit_.value.code == 2
+    assert f"--rounds: {rounds!r}: give a whole number of at least 1" in capsys.readouterr().err

@@ -11,6 +11,13 @@ def _sizes(text: str) -> list[int]:
     return [int(s) for s in text.split(",") if s.strip()]
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 1")
+    return n
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks: decode, kernels, startup, roofline, grammar, spec, serve")
     kinds = p.add_subparsers(dest="bench", required=True)
@@ -83,7 +90,10 @@ def add_parser(sub) -> None:
                 "--layers", type=int, default=8, help="mtp without --model: layers of the random DeepSeek-V3"
             )
             k.add_argument(
-                "--rounds", type=int, default=None, help="interleaved runs of every engine, medians taken (2; mtp: 5)"
+                "--rounds",
+                type=_positive,
+                default=None,
+                help="interleaved runs of every engine, medians taken (2; mtp: 5)",
             )
         if name == "serve":
             k.add_argument("--requests", type=int, default=64, help="requests in all")

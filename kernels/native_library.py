@@ -36,7 +36,7 @@ import warnings
 import torch
 
 NATIVE_DIR = pathlib.Path(__file__).parent / "native"
-SOURCES = ("isa_kernels.cpp", "ops.cpp")
+SOURCES = ("isa_kernels.cpp", "ops.cpp", "sampling.cpp")
 ISAS = ("amx", "avx512", "avx2", "portable")
 LIBRARY = "libgraphrt_cpu.so"
 

@@ -6,6 +6,7 @@ Random rows draw by inverse CDF in vocabulary order with one counter-based unifo
 The top-k / top-p / min-p filters are sets of kept tokens, so they do not change that order.
 """
 
+import functools
 from typing import Optional
 
 import torch
@@ -52,6 +53,15 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, target, right=True)[:, 0].clamp(max=probs.shape[1] - 1)
 
 
+@functools.cache
+def _native_greedy():
+    """The native kernels' greedy sampling (argmax and its log-probability, one pass over each
+    row), or None where the library is not loaded."""
+    from graphrt.kernels import NATIVE_ISA
+
+    return torch.ops.graphrt_native.greedy_sample if NATIVE_ISA is not None else None
+
+
 def _sample(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -65,9 +75,12 @@ def _sample(
     logits = logits.float()
     if bitmask is not None:
         logits = mask_logits(logits, bitmask)
+    random = temperature > 0
+    native = _native_greedy()
+    if native is not None and logits.device.type == "cpu" and not bool(random.any()):
+        return native(logits)  # argmax and its log-probability in one pass
     greedy = logits.argmax(dim=-1)
     tokens = greedy
-    random = temperature > 0
     if bool(random.any()):  # CPU only: an all-greedy batch needs no softmax
         probs = filtered_probs(logits, temperature, top_k, top_p, min_p)
         tokens = torch.where(random, draw(probs, row_uniform(seeds, offsets, 0)), greedy)

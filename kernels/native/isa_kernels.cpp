@@ -53,6 +53,7 @@
     if (w.bits == 4) return dequantize_rows<4>(w, out, r0, r1, scratch);                          \
     dequantize_rows<8>(w, out, r0, r1, scratch);                                                  \
   }                                                                                               \
+  static void argmax(const float* x, int64_t n, graphrt_native::ArgmaxPart* out) { argmax_sumexp(x, n, out); } \
   }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -68,6 +69,7 @@ namespace avx512 {
 #include "skinny_gemm.h"
 #include "paged_attention.h"
 #include "quant_gemm.h"
+#include "greedy.h"
 #undef GRT_VEC_BYTES
 #undef GRT_SMALL_NB
 #undef GRT_SMALL_MB
@@ -141,6 +143,7 @@ namespace avx2 {
 #include "skinny_gemm.h"
 #include "paged_attention.h"
 #include "quant_gemm.h"
+#include "greedy.h"
 #undef GRT_VEC_BYTES
 #undef GRT_SMALL_NB
 #undef GRT_SMALL_MB
@@ -161,6 +164,7 @@ namespace portable {
 #include "skinny_gemm.h"
 #include "paged_attention.h"
 #include "quant_gemm.h"
+#include "greedy.h"
 #undef GRT_VEC_BYTES
 #undef GRT_SMALL_NB
 #undef GRT_SMALL_MB
@@ -172,7 +176,7 @@ GRT_DEFINE_TABLE(portable)
 namespace graphrt_native {
 
 static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, AttendFn ab, QuantGemmFn qg,
-                       DequantFn dq) {
+                       DequantFn dq, ArgmaxFn am) {
   IsaKernels k;
   k.name = name;
   k.gemm_bf16_dot = nullptr;
@@ -184,6 +188,7 @@ static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, Atte
   k.attend_bf16 = ab;
   k.quant_gemm = qg;
   k.dequantize = dq;
+  k.argmax_sumexp = am;
   return k;
 }
 
@@ -223,7 +228,7 @@ static IsaKernels choose() {
 #if defined(__x86_64__) || defined(__i386__)
     if (std::strcmp(isa, "amx") == 0) {
       IsaKernels k = make("amx", avx512::gemm_f32, avx512::gemm_bf16, avx512::attend_f32, avx512::attend_bf16,
-                          avx512::qgemm, avx512::dequant);
+                          avx512::qgemm, avx512::dequant, avx512::argmax);
       k.gemm_bf16_dot = avx512bf16::gemm_bf16_dot;
       k.gemm_bf16_amx = amx::gemm_bf16;
       k.pack_pairs = amx::pack_pairs;
@@ -231,18 +236,18 @@ static IsaKernels choose() {
     }
     if (std::strcmp(isa, "avx512") == 0) {
       IsaKernels k = make("avx512", avx512::gemm_f32, avx512::gemm_bf16, avx512::attend_f32, avx512::attend_bf16, avx512::qgemm,
-                    avx512::dequant);
+                    avx512::dequant, avx512::argmax);
       if (__builtin_cpu_supports("avx512bf16")) k.gemm_bf16_dot = avx512bf16::gemm_bf16_dot;
       return k;
     }
     if (std::strcmp(isa, "avx2") == 0)
       return make("avx2", avx2::gemm_f32, avx2::gemm_bf16, avx2::attend_f32, avx2::attend_bf16, avx2::qgemm,
-                    avx2::dequant);
+                    avx2::dequant, avx2::argmax);
 #endif
     break;
   }
   return make("portable", portable::gemm_f32, portable::gemm_bf16, portable::attend_f32, portable::attend_bf16, portable::qgemm,
-                    portable::dequant);
+                    portable::dequant, portable::argmax);
 }
 
 static bool amd_streams() {

@@ -43,6 +43,14 @@ using AmxGemmFn = void (*)(const uint32_t* pairs, const void* w, float* y, int64
 constexpr int64_t kAmxMinRows = 2, kAmxMaxRows = 16;  // a B tile row holds 16 activation rows' pairs
 constexpr int64_t kAmxBlock = 32;
 
+// One slice of a logits row, reduced for greedy sampling (greedy.h): its maximum, sum(exp(x -
+// max)), the first index of the maximum and of a NaN (-1: none; with a NaN, max and sum are not set).
+struct ArgmaxPart {
+  float max, sum;
+  int64_t index, nan_index;
+};
+using ArgmaxFn = void (*)(const float* x, int64_t n, ArgmaxPart* out);
+
 struct IsaKernels {
   const char* name;
   GemmFn gemm_f32;
@@ -54,6 +62,7 @@ struct IsaKernels {
   AttendFn attend_bf16;
   QuantGemmFn quant_gemm;
   DequantFn dequantize;
+  ArgmaxFn argmax_sumexp;
 };
 
 const IsaKernels& isa_kernels();

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "isa_kernels.h"
@@ -21,7 +22,8 @@
 namespace graphrt_native {
 namespace {
 
-constexpr int64_t kChunk = 128;  // keys per attention work item
+constexpr int64_t kChunk = 128;    // keys per attention work item, at most
+constexpr int64_t kMinChunk = 32;  // and at least, where a step is split further for its threads
 
 // `t` as a contiguous tensor of `dtype`, without a dispatcher round trip when it already is one
 // (these ops run about 150 times a decode step: their fixed cost shows).
@@ -203,6 +205,33 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
   }
 }
 
+// Cache slot of every token: block_tables[req, pos / block_size] * block_size + pos % block_size,
+// -1 for padding tokens (token_req < 0); the torch body's seven dispatches, in one loop.
+at::Tensor slot_mapping(const at::Tensor& positions, const at::Tensor& token_req, const at::Tensor& block_tables,
+                        int64_t block_size) {
+  TORCH_CHECK(positions.dim() == 1 && token_req.sizes() == positions.sizes() && block_tables.dim() == 2,
+              "graphrt::slot_mapping: positions and token_req are [num_tokens], block_tables 2-D");
+  TORCH_CHECK(block_size > 0, "graphrt::slot_mapping: block_size must be positive, got ", block_size);
+  const at::Tensor pos = as_contiguous(positions, at::kLong), req = as_contiguous(token_req, at::kLong);
+  const at::Tensor tables = as_contiguous(block_tables, at::kLong);
+  const int64_t T = pos.size(0), R = tables.size(0), B = tables.size(1);
+  at::Tensor out = at::empty({T}, pos.options());
+  const int64_t *pp = pos.data_ptr<int64_t>(), *rp = req.data_ptr<int64_t>(), *tp = tables.data_ptr<int64_t>();
+  int64_t* op = out.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    if (rp[t] < 0) {
+      op[t] = -1;
+      continue;
+    }
+    const int64_t p = pp[t], r = rp[t];
+    const int64_t b = p >= 0 ? p / block_size : -((-p + block_size - 1) / block_size);  // floor, as `//`
+    TORCH_CHECK(r < R && b >= 0 && b < B, "graphrt::slot_mapping: token ", t, " (request ", r, ", position ", p,
+                ") is outside block_tables [", R, ", ", B, "]");
+    op[t] = tp[r * B + b] * block_size + (p - b * block_size);
+  }
+  return out;
+}
+
 // q [T, H, D] over caches [num_blocks, block_size, Hkv, D]: rows of any kind (prefill, chunked
 // prefill, decode) in one call; token t of row r sits at position seq_len[r] - (qsl[r+1] - t).
 at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v,
@@ -234,23 +263,39 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
       n_keys[t] = std::max<int64_t>(0, keys);
     }
   }
-  // Work items: each token's keys in chunks of kChunk, so that a decode step of one token still
+  // Work items: each token's keys in chunks (sized below), so that a decode step of one token still
   // gives every thread work; partial results merge per token below (max-rescaled sums). A row's
   // tokens (a verify step's k + 1, a prefill chunk's) see the same keys: the items run chunk by
   // chunk, each chunk's tokens one after another, so a chunk's K/V comes from memory once and
   // from L2 for the row's other tokens (token by token, a long context's K/V left the cache
   // between tokens: a verify step of 6 tokens at 2,100 keys cost 3.2 main steps).
+  // A row's keys split into equal chunks of at most kChunk keys (192 keys: two of 96, where 128
+  // and 64 left a thread waiting); a step of few chunks, not a multiple of the threads, splits
+  // each row's chunks further (one decode row of up to kChunk keys was one item, on one thread).
   struct Item {
     int64_t t, l0, l1;
   };
+  std::vector<int64_t> most(R, 0), pieces(R, 0);
+  int64_t total = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t t = std::max<int64_t>(0, qp[r]); t < std::min(T, qp[r + 1]); ++t) most[r] = std::max(most[r], n_keys[t]);
+    pieces[r] = (most[r] + kChunk - 1) / kChunk;
+    total += pieces[r];
+  }
+  const int64_t threads = at::get_num_threads();
+  if (total > 0 && total < 4 * threads && total % threads != 0) {
+    const int64_t times = threads / std::gcd(total, threads);
+    for (int64_t r = 0; r < R; ++r)
+      if (most[r] >= times * pieces[r] * kMinChunk) pieces[r] *= times;
+  }
   std::vector<Item> items;
   for (int64_t r = 0; r < R; ++r) {
     const int64_t t0 = std::max<int64_t>(0, qp[r]), t1 = std::min(T, qp[r + 1]);
-    int64_t most = 0;
-    for (int64_t t = t0; t < t1; ++t) most = std::max(most, n_keys[t]);
-    for (int64_t l0 = 0; l0 < most; l0 += kChunk)
+    for (int64_t p = 0; p < pieces[r]; ++p) {
+      const int64_t l0 = most[r] * p / pieces[r], l1 = most[r] * (p + 1) / pieces[r];
       for (int64_t t = t0; t < t1; ++t)
-        if (l0 < n_keys[t]) items.push_back({t, l0, std::min(n_keys[t], l0 + kChunk)});
+        if (l0 < n_keys[t]) items.push_back({t, l0, std::min(n_keys[t], l1)});
+    }
   }
   // each token's items, in key order (the merge's order: the same sums as token by token)
   std::vector<std::vector<int64_t>> token_items(T);
@@ -302,6 +347,7 @@ std::string isa_name() { return isa_kernels().name; }
 TORCH_LIBRARY_IMPL(graphrt, CPU, m) {
   m.impl("linear", &graphrt_native::linear);
   m.impl("paged_attention", &graphrt_native::paged_attention);
+  m.impl("slot_mapping", &graphrt_native::slot_mapping);
   m.impl("dequantize", &graphrt_native::dequantize);
   m.impl("linear_quantized", &graphrt_native::linear_quantized);
 }

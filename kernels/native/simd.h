@@ -56,3 +56,27 @@ static inline float hsum(vf v) {
 #endif
   return (s[0] + s[2]) + (s[1] + s[3]);
 }
+
+// exp for x <= 0 (softmax after the max is taken): Cephes' expf polynomial, ~1 ulp.
+static inline vf exp_nonpositive(vf x) {
+  x = x < splat(-87.0f) ? splat(-87.0f) : x;
+  const vf t = x * splat(1.44269504088896341f) + splat(0.5f);
+  typedef int32_t vi __attribute__((vector_size(GRT_VEC_BYTES)));
+  vi n = __builtin_convertvector(t, vi);  // truncation toward zero, then floor for negatives
+  vf fn = __builtin_convertvector(n, vf);
+  const vi less = fn > t;  // all-ones lanes where truncation rounded up
+  n += less;               // -1 there
+  fn = __builtin_convertvector(n, vf);
+  const vf r = x - fn * splat(0.693359375f) - fn * splat(-2.12194440e-4f);
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  p = p * (r * r) + r + splat(1.0f);
+  const vi bits = (n + 127) << 23;
+  vf scale;
+  __builtin_memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}

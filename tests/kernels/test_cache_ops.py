@@ -1,3 +1,4 @@
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -56,3 +57,11 @@ def test_padding_rows_never_touch_the_cache():
     slots = torch.full((b.k.shape[0],), -1)
     kernels.reshape_and_cache(b.k, b.v, b.k_cache, b.v_cache, slots)
     assert torch.equal(b.k_cache, before_k) and torch.equal(b.v_cache, before_v)
+
+
+def test_a_position_outside_its_block_table_is_refused():
+    block_tables = torch.arange(8).view(2, 4)  # 4 blocks of 16: positions 0-63
+    with pytest.raises((RuntimeError, IndexError), match="outside block_tables|out of bounds"):
+        kernels.slot_mapping(torch.tensor([64]), torch.tensor([1]), block_tables, 16)
+    # a padding token's position is never looked up
+    assert kernels.slot_mapping(torch.tensor([0]), torch.tensor([-1]), block_tables, 16).tolist() == [-1]

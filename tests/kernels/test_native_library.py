@@ -50,6 +50,20 @@ CHECK = textwrap.dedent("""
             assert torch.equal(kc, bt.k_cache) and torch.equal(vc, bt.v_cache)
             err = (got.double() - want.double()).abs().max().item()
             errs[f"attention {dtype} bs{block_size} d{head_dim} h{heads}"] = err
+    # greedy sampling (one pass per row slice; vocabularies over 16,384 split across threads)
+    for n, v in [(1, 49152), (3, 40000), (2, 17), (5, 1000)]:
+        logits = torch.randn(n, v, generator=g) * 4
+        logits[0, v // 3] = logits[0].max() + 1
+        logits[0, v - 1] = logits[0, v // 3]  # a tie: the first index wins, as in argmax
+        z, zi = torch.zeros(n), torch.zeros(n, dtype=torch.long)
+        tokens, logprobs = kernels.sample(logits, z, zi, z + 1, z, zi, zi)
+        want = torch.log_softmax(logits, -1).gather(1, logits.argmax(-1)[:, None])[:, 0]
+        errs[f"greedy float32 tokens {n}x{v}"] = float((tokens != logits.argmax(-1)).sum())
+        errs[f"greedy float32 logprobs {n}x{v}"] = ((logprobs - want).abs().max() / want.abs().max()).item()
+    b = make_batch([(40, 40), (70, 1), (9, 3)], 16, 2, 2, 8, pad_tokens=2)
+    got = kernels.slot_mapping(b.positions, b.token_req, b.block_tables, 16)
+    want = reference.slot_mapping(b.positions, b.token_req, b.block_tables, 16)
+    errs["slot_mapping float32"] = float((got != want).sum())
     print(json.dumps({"isa": kernels.NATIVE_ISA, "errs": errs}))
 """)
 

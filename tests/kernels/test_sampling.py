@@ -87,6 +87,23 @@ def test_temperature_zero_is_argmax():
     torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0])
 
 
+def test_greedy_rows_match_argmax_and_log_softmax_on_ties_nans_and_infinities():
+    vocab = 40_000  # over the native kernel's slice: each row is reduced in parts and merged
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(0))
+    logits[0, [5, 30_000]] = 50.0  # a tie across the parts: the first index
+    logits[1, [7, 35_000]] = float("nan")  # the first NaN, whatever the maximum
+    logits[2] = float("-inf")  # nothing allowed: index 0, log-probability NaN
+    logits[3, 20_000] = float("inf")
+    logits[4, :] = logits[4, :].clamp(max=0.0)
+    logits[4, 39_999] = 3.0  # the last index
+    logits[5, 100] = 1e30  # all mass on one token: log-probability 0
+    tokens, logprobs = kernels.sample(logits, **params(6, temperature=0.0))
+    assert tokens.tolist() == logits.argmax(-1).tolist() == [5, 7, 0, 20_000, 39_999, 100]
+    want = torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0]
+    torch.testing.assert_close(logprobs, want, equal_nan=True)
+    assert logprobs[:4].isnan().tolist() == [False, True, True, True] and logprobs[5] == 0.0
+
+
 @pytest.mark.parametrize("kw", [dict(top_k=3), dict(top_p=0.5), dict(min_p=0.2), dict(top_k=5, top_p=0.8, min_p=0.05)])
 def test_no_token_outside_the_filters_is_drawn(kw):
     n, vocab = 4000, 20

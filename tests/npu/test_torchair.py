@@ -77,7 +77,10 @@ def test_torchair_graphs_replay_to_the_eager_backends_tokens(converted, mode):
     _, result = converted
     llama = result["llama_gqa"]
     assert llama[mode]["greedy"] == llama["eager"]["greedy"]
-    assert llama[mode]["logprobs"] == llama["eager"]["logprobs"]
+    # equal to float32 rounding: the eager CPU backend's greedy log-probabilities come from the
+    # native one-pass kernel, the graph's from the sampler's aten body (log_softmax)
+    flat = [[x for row in llama[run]["logprobs"] for x in row] for run in (mode, "eager")]
+    assert flat[0] == pytest.approx(flat[1], rel=1e-6, abs=1e-6)
     assert llama[mode]["seeded"] == llama["eager"]["seeded"]
     assert len(llama["eager"]["greedy"][0]) == 6
 

@@ -8,6 +8,7 @@ Usage: python -m tests.npu.torchair_run ROOT MODEL [MODEL ...]
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import torch
@@ -36,6 +37,18 @@ def outputs(llm) -> dict:
         "logprobs": [o.logprobs for o in greedy],
         "seeded": [o.token_ids for o in llm.generate(PROMPTS, SEEDED, use_tqdm=False)],
     }
+
+
+def same_outputs(a: dict, b: dict) -> bool:
+    """The same tokens, and log-probabilities equal to float32 rounding: on the CPU the eager
+    backend's greedy log-probabilities come from the native one-pass kernel, a TorchAir graph's
+    from the sampler's aten body (log_softmax), summed in another order."""
+    close = all(
+        math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-6)
+        for rows_a, rows_b in zip(a["logprobs"], b["logprobs"], strict=True)
+        for x, y in zip(rows_a, rows_b, strict=True)
+    )
+    return a["greedy"] == b["greedy"] and a["seeded"] == b["seeded"] and close
 
 
 # each model's speculative method: its verify (and MTP) graphs convert too
@@ -106,7 +119,7 @@ def shipped(root: str) -> dict:
         "refused": refused,
         "second": [r.how for r in second.capture_report()],
         "entries_after": len(ArtifactStore(cache, strict=True).entries()),
-        "same_tokens": outputs(second) == outputs(graphrt.LLM(path, backend="eager", **OPTS)),
+        "same_tokens": same_outputs(outputs(second), outputs(graphrt.LLM(path, backend="eager", **OPTS))),
     }
 
 

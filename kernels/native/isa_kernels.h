@@ -29,7 +29,7 @@ struct QuantRows {
   int64_t K;
 };
 
-// y[M, N] = x[M, K] * w^T over output columns [n0, n1); scratch: 4 * K/32 + K floats.
+// y[M, N] = x[M, K] * w^T over output columns [n0, n1); scratch: 4 * K/32 + 2 * K floats.
 using QuantGemmFn = void (*)(const float* x, const QuantRows& w, float* y, int64_t M, int64_t N, int64_t n0,
                              int64_t n1, float* scratch);
 // Rows [r0, r1) of w as fp32 into out [rows, K]; scratch: 2 * K/32 floats.

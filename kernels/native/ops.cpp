@@ -170,7 +170,7 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, 2 * K));
   if (M > 0) {
     at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-      std::vector<float> scratch(4 * (K / 32) + K);
+      std::vector<float> scratch(4 * (K / 32) + 2 * K);
       isa.quant_gemm(xp, w, yp, M, N, b0 * 4, std::min(N, b1 * 4), scratch.data());
     });
   }

@@ -1,9 +1,11 @@
-// CPU implementations of graphrt::linear and graphrt::paged_attention over the ISA kernel table.
+// CPU implementations of graphrt::linear, linear_quantized, dequantize, slot_mapping and
+// paged_attention over the ISA kernel table.
 //
-// The ops' schemas are defined in Python (kernels/linear.py, kernels/attention.py); this library
-// registers their CPU kernels, so a compiled graph (Inductor's wrapper or an AOTInductor package)
-// reaches native code through the dispatcher with no Python in between. Argument checks that
-// name the argument live in the Python wrappers; the TORCH_CHECKs here guard the raw pointers.
+// The ops' schemas are defined in Python (kernels/linear.py, quantized.py, cache.py,
+// attention.py); this library registers their CPU kernels, so a compiled graph (Inductor's
+// wrapper or an AOTInductor package) reaches native code through the dispatcher with no Python
+// in between. Argument checks that name the argument live in the Python wrappers; the
+// TORCH_CHECKs here guard the raw pointers.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -278,7 +280,8 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   std::vector<int64_t> most(R, 0), pieces(R, 0);
   int64_t total = 0;
   for (int64_t r = 0; r < R; ++r) {
-    for (int64_t t = std::max<int64_t>(0, qp[r]); t < std::min(T, qp[r + 1]); ++t) most[r] = std::max(most[r], n_keys[t]);
+    for (int64_t t = std::max<int64_t>(0, qp[r]); t < std::min(T, qp[r + 1]); ++t)
+      most[r] = std::max(most[r], n_keys[t]);
     pieces[r] = (most[r] + kChunk - 1) / kChunk;
     total += pieces[r];
   }

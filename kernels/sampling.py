@@ -151,7 +151,8 @@ def _draft_sample(
     offsets: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = logits.float()
-    greedy = logits.argmax(dim=-1)
+    native = _native_greedy()
+    greedy = native(logits)[0] if native is not None and logits.device.type == "cpu" else logits.argmax(dim=-1)
     q = point_masses(greedy, logits)
     random = temperature > 0
     if not bool(random.any()):  # CPU only: an all-greedy batch needs no softmax and no draw

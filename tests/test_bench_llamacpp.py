@@ -1,13 +1,15 @@
 """The llama.cpp comparison's own pieces, without llama.cpp (an optional extra, never in
-`make test`): the dequantised GGUF copy it runs on, and the message when the extra is missing."""
+`make test`): the dequantised GGUF copy it runs on, the message when the extra is missing, and
+how a load without llama.cpp's weight repacking is asked for."""
 
 import sys
+import types
 
 import gguf
 import numpy as np
 import pytest
 
-from graphrt.bench.llamacpp import LlamaCppMissing, require_llamacpp, write_gguf
+from graphrt.bench.llamacpp import LlamaCpp, LlamaCppMissing, require_llamacpp, write_gguf
 
 
 @pytest.fixture
@@ -51,3 +53,24 @@ def test_a_missing_extra_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     with pytest.raises(LlamaCppMissing, match=r"pip install .*graphrt\[llamacpp\]"):
         require_llamacpp()
+
+
+def test_no_repack_loads_with_llamacpps_extra_buffers_off(monkeypatch):
+    """llama-cpp-python has no argument for `use_extra_bufts`; LlamaCpp(repack=False) turns it off
+    in the model parameters its Llama starts from, for that load only."""
+    seen = []
+
+    def default_params():
+        return types.SimpleNamespace(use_extra_bufts=True)
+
+    bindings = types.SimpleNamespace(llama_model_default_params=default_params)
+
+    class Llama:  # reads its parameters as llama-cpp-python's does
+        def __init__(self, **kwargs):
+            seen.append(bindings.llama_model_default_params().use_extra_bufts)
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(llama_cpp=bindings, Llama=Llama))
+    LlamaCpp("model.gguf", n_ctx=64, threads=2, repack=False)
+    LlamaCpp("model.gguf", n_ctx=64, threads=2)
+    assert seen == [False, True]
+    assert bindings.llama_model_default_params is default_params

@@ -9,6 +9,7 @@ token ids, greedy, and its decode rate from llama.cpp's own performance counters
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 
@@ -74,6 +75,26 @@ def gguf_for(src: str, dtype: str, cache_dir: pathlib.Path) -> str:
     return write_gguf(src, str(cache_dir / f"{pathlib.Path(src).stem}.{file_type}.gguf"), file_type)
 
 
+@contextlib.contextmanager
+def _plain_buffers(llama_cpp):
+    """llama.cpp's model parameter ``use_extra_bufts`` off for one load (the CLI's ``--no-repack``).
+    llama-cpp-python (0.3.36) has no argument for it — an unknown keyword is silently dropped —
+    so the defaults its ``Llama`` starts from are wrapped while it loads."""
+    module = llama_cpp.llama_cpp
+    default = module.llama_model_default_params
+
+    def plain():
+        params = default()
+        params.use_extra_bufts = False
+        return params
+
+    module.llama_model_default_params = plain
+    try:
+        yield
+    finally:
+        module.llama_model_default_params = default
+
+
 class LlamaCpp:
     """One llama.cpp model, run greedily over token ids, one sequence at a time."""
 
@@ -82,15 +103,10 @@ class LlamaCpp:
         ``--no-repack``): its AMX repacking of Q4_1 crashes when built with GCC 12's AMX header."""
         llama_cpp = require_llamacpp()
         self.lib = llama_cpp
-        self.llm = llama_cpp.Llama(
-            model_path=path,
-            n_ctx=n_ctx,
-            n_batch=n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            verbose=False,
-            **({} if repack else {"use_extra_bufts": False}),
-        )
+        with contextlib.nullcontext() if repack else _plain_buffers(llama_cpp):
+            self.llm = llama_cpp.Llama(
+                model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False
+            )
 
     def run(self, prompt: list[int], gen_len: int) -> dict:
         """Greedy tokens after ``prompt`` (EOS does not stop it, like graphrt's ignore_eos) and

@@ -76,12 +76,13 @@ def _sample(
     if bitmask is not None:
         logits = mask_logits(logits, bitmask)
     random = temperature > 0
+    any_random = bool(random.any())  # CPU only: an all-greedy batch needs no softmax
     native = _native_greedy()
-    if native is not None and logits.device.type == "cpu" and not bool(random.any()):
+    if native is not None and logits.device.type == "cpu" and not any_random:
         return native(logits)  # argmax and its log-probability in one pass
     greedy = logits.argmax(dim=-1)
     tokens = greedy
-    if bool(random.any()):  # CPU only: an all-greedy batch needs no softmax
+    if any_random:
         probs = filtered_probs(logits, temperature, top_k, top_p, min_p)
         tokens = torch.where(random, draw(probs, row_uniform(seeds, offsets, 0)), greedy)
     logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]

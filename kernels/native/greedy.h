@@ -3,9 +3,7 @@
 // first NaN (torch.argmax's answer wherever a row has one) and sum(exp(x - max)). Slices merge
 // in sampling.cpp.
 
-typedef int32_t vmask __attribute__((vector_size(GRT_VEC_BYTES)));
-
-static inline bool any_set(vmask m) {
+static inline bool any_set(vi m) {  // any lane of a comparison's mask
   int32_t lanes[kLanes];
   __builtin_memcpy(lanes, &m, sizeof(lanes));
   int32_t any = 0;
@@ -15,7 +13,7 @@ static inline bool any_set(vmask m) {
 
 static void argmax_sumexp(const float* x, int64_t n, graphrt_native::ArgmaxPart* out) {
   vf vmax = splat(-__builtin_inff());
-  vmask nans = vmask{};
+  vi nans = vi{};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     const vf v = load(x + i);

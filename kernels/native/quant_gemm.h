@@ -25,7 +25,6 @@ constexpr int kQMaxRows = GRT_WIDE_MB;   // activation rows whose accumulators l
 
 typedef uint8_t vb_unaligned __attribute__((vector_size(kLanes), aligned(1)));
 typedef int8_t vsb_unaligned __attribute__((vector_size(kLanes), aligned(1)));
-typedef int32_t vi __attribute__((vector_size(GRT_VEC_BYTES)));
 typedef _Float16 vhalf_unaligned __attribute__((vector_size(kLanes * 2), aligned(2)));
 
 // kLanes bytes widened to 32-bit lanes (zero- or sign-extended), and kLanes float16 to fp32:
@@ -175,30 +174,6 @@ static inline void qtile_rows(const float* x, const QuantRows& w, float* y, int6
   }
 }
 
-// Dequantised fp32 row wf [K] against `MB` activation rows from m0.
-template <int MB>
-static inline void ftile(const float* x, const float* wf, float* y, int64_t N, int64_t K, int64_t n, int64_t m0) {
-  vf acc[MB];
-#pragma GCC unroll 16
-  for (int i = 0; i < MB; ++i) acc[i] = vf{};
-  const float* xr = x + m0 * K;
-  for (int64_t k = 0; k < K; k += kLanes) {
-    const vf wv = load(wf + k);
-#pragma GCC unroll 16
-    for (int i = 0; i < MB; ++i) acc[i] += load(xr + i * K + k) * wv;
-  }
-  for (int i = 0; i < MB; ++i) y[(m0 + i) * N + n] = hsum(acc[i]);
-}
-
-template <int MB>
-static inline void ftile_rows(const float* x, const float* wf, float* y, int64_t N, int64_t K, int64_t n, int64_t m0,
-                              int64_t rows) {
-  if constexpr (MB > 0) {
-    if (rows != MB) return ftile_rows<MB - 1>(x, wf, y, N, K, n, m0, rows);
-    ftile<MB>(x, wf, y, N, K, n, m0);
-  }
-}
-
 // Weight row n as K floats into out (its bytes prefetched ahead); sc, mn: scratch, K/32 floats each.
 template <int BITS>
 static inline void dequantize_row(const QuantRows& w, int64_t n, float* out, float* sc, float* mn) {
@@ -255,35 +230,19 @@ static void quant_gemm(const float* x, const QuantRows& w, float* y, int64_t M, 
     }
   }
   for (; n < n_end; ++n) {
-    half_row(w.scales + n * blocks, sc, blocks);
-    if constexpr (BITS == 4) half_row(w.mins + n * blocks, mn, blocks);
-    if (M <= kQMaxRows) {
-      qtile_rows<BITS, kQMaxRows>(x, w, y, N, n, 0, M, sc, mn);
+    if (M > kQMaxRows) {  // the last weight row of an odd count, through the same tile
+      dequantize_row<BITS>(w, n, wf, sc, mn);
+      row_block<FmaPolicy<float>, float, 1, GRT_WIDE_MB>(x, wf, y + n, M, N, K, 0, 1);
       continue;
     }
-    for (int64_t b = 0; b < blocks; ++b) {
-      vf wv[kVecs];
-      dequant_block<BITS>(w, n, b, sc, mn, wv);
-      for (int j = 0; j < kVecs; ++j) store(wf + b * kQBlock + j * kLanes, wv[j]);
-    }
-    for (int64_t m0 = 0; m0 < M; m0 += kQMaxRows)
-      ftile_rows<kQMaxRows>(x, wf, y, N, K, n, m0, std::min<int64_t>(kQMaxRows, M - m0));
+    half_row(w.scales + n * blocks, sc, blocks);
+    if constexpr (BITS == 4) half_row(w.mins + n * blocks, mn, blocks);
+    qtile_rows<BITS, kQMaxRows>(x, w, y, N, n, 0, M, sc, mn);
   }
 }
 
 // The fp32 matrix of rows [r_begin, r_end) (leading dims flattened into rows).
 template <int BITS>
 static void dequantize_rows(const QuantRows& w, float* out, int64_t r_begin, int64_t r_end, float* scratch) {
-  const int64_t K = w.K, blocks = K / kQBlock;
-  float* sc = scratch;
-  float* mn = scratch + blocks;
-  for (int64_t n = r_begin; n < r_end; ++n) {
-    half_row(w.scales + n * blocks, sc, blocks);
-    if constexpr (BITS == 4) half_row(w.mins + n * blocks, mn, blocks);
-    for (int64_t b = 0; b < blocks; ++b) {
-      vf wv[kVecs];
-      dequant_block<BITS>(w, n, b, sc, mn, wv);
-      for (int j = 0; j < kVecs; ++j) store(out + n * K + b * kQBlock + j * kLanes, wv[j]);
-    }
-  }
+  for (int64_t n = r_begin; n < r_end; ++n) dequantize_row<BITS>(w, n, out + n * w.K, scratch, scratch + w.K / kQBlock);
 }

@@ -9,6 +9,7 @@ constexpr int kLanes = GRT_VEC_BYTES / 4;
 typedef float vf __attribute__((vector_size(GRT_VEC_BYTES)));
 typedef float vf_unaligned __attribute__((vector_size(GRT_VEC_BYTES), aligned(4)));
 typedef uint32_t vu __attribute__((vector_size(GRT_VEC_BYTES)));
+typedef int32_t vi __attribute__((vector_size(GRT_VEC_BYTES)));  // also a comparison's lane mask
 typedef uint16_t vh_unaligned __attribute__((vector_size(GRT_VEC_BYTES / 2), aligned(2)));
 typedef float v4f __attribute__((vector_size(16)));
 
@@ -61,7 +62,6 @@ static inline float hsum(vf v) {
 static inline vf exp_nonpositive(vf x) {
   x = x < splat(-87.0f) ? splat(-87.0f) : x;
   const vf t = x * splat(1.44269504088896341f) + splat(0.5f);
-  typedef int32_t vi __attribute__((vector_size(GRT_VEC_BYTES)));
   vi n = __builtin_convertvector(t, vi);  // truncation toward zero, then floor for negatives
   vf fn = __builtin_convertvector(n, vf);
   const vi less = fn > t;  // all-ones lanes where truncation rounded up

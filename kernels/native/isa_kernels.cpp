@@ -121,6 +121,15 @@ static void gemm_bf16_dot(const uint16_t* x, const void* w, float* y, int64_t M,
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
 namespace amx {
 #include "amx_gemm.h"
+#include "amx_quant_gemm.h"
+static void pack_parts(const float* x, uint32_t* parts, float* sums, int64_t M, int64_t K, int bits) {
+  amx_pack_parts(x, parts, sums, M, K, bits);
+}
+static void quant_gemm(const uint32_t* parts, const float* sums, const graphrt_native::QuantRows& w, float* y,
+                       int64_t M, int64_t N, int64_t n0, int64_t n1, float* scratch) {
+  if (w.bits == 4) return amx_quant_rows<4>(parts, sums, w, y, M, N, n0, n1, scratch);
+  amx_quant_rows<8>(parts, sums, w, y, M, N, n0, n1, scratch);
+}
 static void pack_pairs(const uint16_t* x, uint32_t* pairs, int64_t M, int64_t K) {
   pack_activation_pairs(x, pairs, M, K);
 }
@@ -182,6 +191,8 @@ static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, Atte
   k.gemm_bf16_dot = nullptr;
   k.gemm_bf16_amx = nullptr;
   k.pack_pairs = nullptr;
+  k.pack_parts = nullptr;
+  k.quant_gemm_amx = nullptr;
   k.gemm_f32 = gf;
   k.gemm_bf16 = gb;
   k.attend_f32 = af;
@@ -232,6 +243,8 @@ static IsaKernels choose() {
       k.gemm_bf16_dot = avx512bf16::gemm_bf16_dot;
       k.gemm_bf16_amx = amx::gemm_bf16;
       k.pack_pairs = amx::pack_pairs;
+      k.pack_parts = amx::pack_parts;
+      k.quant_gemm_amx = amx::quant_gemm;
       return k;
     }
     if (std::strcmp(isa, "avx512") == 0) {

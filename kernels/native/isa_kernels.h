@@ -43,6 +43,22 @@ using AmxGemmFn = void (*)(const uint32_t* pairs, const void* w, float* y, int64
 constexpr int64_t kAmxMinRows = 2, kAmxMaxRows = 16;  // a B tile row holds 16 activation rows' pairs
 constexpr int64_t kAmxBlock = 32;
 
+// The quantized AMX path (amx_quant_gemm.h): x fp32 [M, K] split into two bf16 parts in the
+// tiles' pair layout (in the k order of `bits`' format), with its block sums; then y over output
+// columns [n0, n1), a multiple of 16 of them (null without AMX). Sizes in uint32 / floats.
+using AmxPackPartsFn = void (*)(const float* x, uint32_t* parts, float* sums, int64_t M, int64_t K, int bits);
+using AmxQuantGemmFn = void (*)(const uint32_t* parts, const float* sums, const QuantRows& w, float* y, int64_t M,
+                                int64_t N, int64_t n0, int64_t n1, float* scratch);
+// 2 parts x 8 rows fill a tile's 16 columns. Below 6 rows the vector kernel is as fast or faster
+// (`graphrt bench kernels --rows 5,6,7,8 --dtypes int4,int8`, cold weights, two threads: int4 at
+// 5/6/8 rows 9.6/9.9/9.5 GB/s on tiles against 9.6/8.8/7.1 in vectors, int8 13.2/13.2/12.5
+// against 14.5/13.3/11.6).
+constexpr int64_t kAmxQuantMinRows = 6, kAmxQuantMaxRows = 8;
+constexpr int64_t kAmxQuantBlock = 16;
+constexpr int64_t kAmxQuantLag = 3;  // blocks between a block's unpacking, tile product and folding
+inline int64_t amx_parts_size(int64_t M, int64_t K) { return K / 32 * 16 * 2 * M; }
+inline int64_t amx_quant_scratch(int64_t K) { return 2 * 16 * (K / 32) + (kAmxQuantLag + 1) * 512; }
+
 // One slice of a logits row, reduced for greedy sampling (greedy.h): its maximum, sum(exp(x -
 // max)), the first index of the maximum and of a NaN (-1: none; with a NaN, max and sum are not set).
 struct ArgmaxPart {
@@ -61,6 +77,8 @@ struct IsaKernels {
   AttendFn attend_f32;
   AttendFn attend_bf16;
   QuantGemmFn quant_gemm;
+  AmxPackPartsFn pack_parts;
+  AmxQuantGemmFn quant_gemm_amx;
   DequantFn dequantize;
   ArgmaxFn argmax_sumexp;
 };

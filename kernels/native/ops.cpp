@@ -167,12 +167,28 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
   const float* xp = x2.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const IsaKernels& isa = isa_kernels();
-  // Blocks of 4 output rows, as graphrt::linear; a quantized row is a quarter to half the bytes.
-  const int64_t blocks = (N + 3) / 4;
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, 2 * K));
-  if (M > 0) {
+  const int64_t scratch_size = 4 * (K / 32) + 2 * K;
+  if (isa.quant_gemm_amx != nullptr && M >= kAmxQuantMinRows && M <= kAmxQuantMaxRows && N >= kAmxQuantBlock) {
+    // AMX tiles: the activations split into two bf16 parts once, then blocks of 16 output rows; the
+    // rows past the last full block take the vector kernel
+    at::Tensor packed = at::empty({amx_parts_size(M, K) + K / 32 * M}, x2.options().dtype(at::kFloat));
+    uint32_t* parts = reinterpret_cast<uint32_t*>(packed.data_ptr<float>());
+    float* sums = packed.data_ptr<float>() + amx_parts_size(M, K);
+    isa.pack_parts(xp, parts, sums, M, K, w.bits);
+    const int64_t full = N / kAmxQuantBlock;
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / (kAmxQuantBlock * K));
+    at::parallel_for(0, full, grain, [&](int64_t b0, int64_t b1) {
+      std::vector<float> scratch(std::max(scratch_size, amx_quant_scratch(K)));
+      isa.quant_gemm_amx(parts, sums, w, yp, M, N, b0 * kAmxQuantBlock, b1 * kAmxQuantBlock, scratch.data());
+      if (b1 == full && N > full * kAmxQuantBlock)
+        isa.quant_gemm(xp, w, yp, M, N, full * kAmxQuantBlock, N, scratch.data());
+    });
+  } else if (M > 0) {
+    // Blocks of 4 output rows, as graphrt::linear; a quantized row is a quarter to half the bytes.
+    const int64_t blocks = (N + 3) / 4;
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, 2 * K));
     at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-      std::vector<float> scratch(4 * (K / 32) + 2 * K);
+      std::vector<float> scratch(scratch_size);
       isa.quant_gemm(xp, w, yp, M, N, b0 * 4, std::min(N, b1 * 4), scratch.data());
     });
   }

@@ -28,8 +28,8 @@ CHECK = textwrap.dedent("""
             want = x.double() @ w.double().T + b.double()
             got = kernels.linear(x, w, b).double()
             errs[f"linear {dtype} {m}x{n}x{k}"] = ((got - want).abs().max() / want.abs().max()).item()
-        for bits in (4, 8):  # the quantized kernels, every row-count path
-            for m, n, k in [(1, 33, 96), (2, 9, 96), (3, 7, 576), (8, 64, 64), (20, 5, 160)]:
+        for bits in (4, 8):  # the quantized kernels, every row-count path (6-8 rows: AMX tiles, ragged tails)
+            for m, n, k in [(1, 33, 96), (2, 9, 96), (3, 7, 576), (8, 64, 64), (6, 35, 576), (7, 17, 96), (20, 5, 160)]:
                 w = torch.randn(n, k, generator=g)
                 q = quantize_int4(w) if bits == 4 else (*quantize_int8(w), None)
                 x = torch.randn(m, k, generator=g).to(dtype)

@@ -49,6 +49,28 @@ def test_linear_quantized_matches_gguf_dequantised_matmul(kind, dtype):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_six_to_eight_rows_keep_sixteen_bits_of_each_activation(kind):
+    # On AMX CPUs 6-8 rows run on tiles with each activation as two bf16 parts (within 2^-17 of
+    # it); elsewhere the vector kernel's fp32. Either way every output is within
+    # 2^-16 * sum|w x| (the parts) + K * 2^-23 * sum|w x| (fp32 sums) of the exact product, and
+    # activations spanning 2^-20..2^20 keep their small members: one bf16 part alone (2^-9)
+    # breaks the bound, as does a lost part or a misplaced block order.
+    for n, k in [(35, 576), (577, 1536), (16, 96)]:
+        q, w = gguf_matrix(n, k, kind, seed=n)
+        for m in (6, 7, 8):
+            g = torch.Generator().manual_seed(m + k)
+            x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-20, 21, (m, k), generator=g).float())
+            got = kernels.linear_quantized(x, q.qweight, q.scales, q.mins, None).double()
+            magnitude = x.double().abs() @ w.abs().T
+            exact = x.double() @ w.T
+            bound = magnitude * (2.0**-16 + k * 2.0**-23)
+            assert ((got - exact).abs() <= bound).all(), (kind, n, k, m, ((got - exact).abs() / magnitude).max())
+            # and the bound is tight enough to see a bf16 rounding of the activations
+            rounded = x.bfloat16().double() @ w.T
+            assert ((rounded - exact).abs() > bound).any()
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_dequantize_equals_gguf_and_the_torch_body(kind):
     q, w = gguf_matrix(65, 320, kind, seed=1)
     got = kernels.dequantize(q.qweight, q.scales, q.mins, torch.float32)

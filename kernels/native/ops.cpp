@@ -204,11 +204,22 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
   TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type(),
               "graphrt::paged_attention: k/v and the caches must share a dtype");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "graphrt::paged_attention: caches must be contiguous");
-  const at::Tensor kc = as_contiguous(k, k.scalar_type()), vc = as_contiguous(v, v.scalar_type());
+  // k/v [T, ...] are often views of a fused projection's output: each token's row must be
+  // contiguous, the tokens may be any distance apart (no copy of the whole tensor then)
+  auto rows_of = [](const at::Tensor& t) {
+    int64_t expected = 1;
+    for (int64_t i = t.dim() - 1; i >= 1; --i) {
+      if (t.size(i) != 1 && t.stride(i) != expected) return t.contiguous();
+      expected *= t.size(i);
+    }
+    return t;
+  };
+  const at::Tensor kc = rows_of(k), vc = rows_of(v);
   const at::Tensor slots = as_contiguous(slot_mapping, at::kLong);
   const int64_t T = kc.size(0), row = kc.numel() / std::max<int64_t>(1, T);
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
   const int64_t bytes = row * kc.element_size();
+  const int64_t kstride = kc.stride(0) * kc.element_size(), vstride = vc.stride(0) * vc.element_size();
   const int64_t* sp = slots.data_ptr<int64_t>();
   char* kd = static_cast<char*>(k_cache.data_ptr());
   char* vd = static_cast<char*>(v_cache.data_ptr());
@@ -218,8 +229,8 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
     const int64_t s = sp[t];
     if (s < 0) continue;
     TORCH_CHECK(s < num_slots, "graphrt::paged_attention: slot ", s, " is outside the cache's ", num_slots, " slots");
-    std::memcpy(kd + s * bytes, ks + t * bytes, bytes);
-    std::memcpy(vd + s * bytes, vs + t * bytes, bytes);
+    std::memcpy(kd + s * bytes, ks + t * kstride, bytes);
+    std::memcpy(vd + s * bytes, vs + t * vstride, bytes);
   }
 }
 
@@ -335,12 +346,13 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
              scores.data(), &m[i * H], &sums[i * H], &acc[i * H * D]);
     }
   });
-  at::Tensor out = at::zeros({T, H, D}, qf.options());
+  at::Tensor out = at::empty({T, H, D}, qf.options());
   float* od = out.data_ptr<float>();
-  for (int64_t t = 0; t < T; ++t) {  // merge each token's chunks
+  for (int64_t t = 0; t < T; ++t) {  // merge each token's chunks (a token with none: zeros)
     const std::vector<int64_t>& its = token_items[t];
-    if (its.empty()) continue;
     float* o = od + t * H * D;
+    std::fill(o, o + H * D, 0.0f);
+    if (its.empty()) continue;
     for (int64_t h = 0; h < H; ++h) {
       float mx = m[its[0] * H + h];
       for (const int64_t i : its) mx = std::max(mx, m[i * H + h]);

@@ -58,8 +58,13 @@ def test_paged_attention_matches_naive_loop(rows, block_size, heads, dtype, pad)
 def test_fused_write_then_attend_equals_write_then_attend(rows, block_size, pad):
     b = make_batch(rows, block_size, 4, 2, 8, pad_tokens=pad)
     kc, vc = b.k_cache.clone(), b.v_cache.clone()
+    # k and v as a fused projection's output hands them: views whose tokens are a wider row apart
+    t = b.k.shape[0]
+    wide = torch.cat([b.k.reshape(t, -1), b.v.reshape(t, -1), torch.randn(t, 5)], dim=1)
+    k_view, v_view = wide[:, :16].view(t, 2, 8), wide[:, 16:32].view(t, 2, 8)
+    assert not k_view.is_contiguous() or t == 1
     fused = kernels.paged_attention(
-        b.q, kc, vc, b.block_tables, b.seq_lens, b.query_start_loc, 0.3, k=b.k, v=b.v, slot_mapping=b.slots
+        b.q, kc, vc, b.block_tables, b.seq_lens, b.query_start_loc, 0.3, k=k_view, v=v_view, slot_mapping=b.slots
     )
     kernels.reshape_and_cache(b.k, b.v, b.k_cache, b.v_cache, b.slots)
     split = kernels.paged_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, 0.3)

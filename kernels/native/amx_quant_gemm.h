@@ -1,5 +1,6 @@
-// The weight-only quantized skinny GEMM of 2-8 activation rows on AMX tiles (included by
-// isa_kernels.cpp in the amx namespace, after amx_gemm.h). Layouts as quant_gemm.h:
+// The weight-only quantized skinny GEMM of up to 8 activation rows on AMX tiles (taken for 6-8:
+// kAmxQuantMinRows in isa_kernels.h; included by isa_kernels.cpp in the amx namespace, after
+// amx_gemm.h). Layouts as quant_gemm.h:
 //
 //   y[m, n] = sum_b scale[n, b] * S[n, b, m] (+ min[n, b] * X[b, m])
 //   S[n, b, m] = sum over block b of q[n, k] * x[m, k],   X[b, m] = sum over block b of x[m, k]

@@ -4,7 +4,7 @@
 // each with its vector width and the skinny GEMM's register tiles (GRT_SMALL_*: weight rows x
 // activation rows for 2-4 rows; GRT_WIDE_*: for more, sized to the register file; measured with
 // `graphrt bench kernels`):
-// amx (avx512 plus AMX tiles for bf16 products of 4+ rows), avx512 (AVX-512F/BW + FMA), avx2 (AVX2 + FMA) and portable (the compiler's baseline). Each
+// amx (avx512 plus AMX tiles: bf16 products of 2-16 rows, quantized ones of 6-8), avx512 (AVX-512F/BW + FMA), avx2 (AVX2 + FMA) and portable (the compiler's baseline). Each
 // x86 namespace is compiled under `#pragma GCC target`, so one library runs on any x86-64 CPU and
 // uses the widest vectors it has. No torch headers here: this file compiles in a second.
 
@@ -116,7 +116,9 @@ static void gemm_bf16_dot(const uint16_t* x, const void* w, float* y, int64_t M,
 #pragma GCC pop_options
 
 // bf16 x bf16 with 2 to 16 activation rows on AMX tiles (amx_gemm.h); other row counts, ragged
-// shapes and the rows beyond the last full block of 32 take the dot product above.
+// shapes and the rows beyond the last full block of 32 take the dot product above. Quantized
+// weights with 6 to 8 activation rows (amx_quant_gemm.h); the rows beyond the last full block of
+// 16 take the avx512 vector kernel.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
 namespace amx {

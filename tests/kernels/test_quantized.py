@@ -84,11 +84,15 @@ def test_dequantize_equals_gguf_and_the_torch_body(kind):
 
 
 def test_the_native_op_and_the_portable_body_agree_on_3d_inputs():
-    q = quantize_int4(torch.randn(40, 64))
-    x = torch.randn(2, 3, 64)
+    g = torch.Generator().manual_seed(0)
+    q = quantize_int4(torch.randn(40, 64, generator=g))
+    x = torch.randn(2, 3, 64, generator=g)
     got = kernels.linear_quantized(x, *q)
     assert got.shape == (2, 3, 40)
-    torch.testing.assert_close(got, linear_quantized_torch(x, *q, None), atol=1e-4, rtol=1e-4)
+    # six rows: on AMX CPUs the tiles, whose activations keep 16 bits (the bound of the test above)
+    w = dequantize_torch(*q, torch.float64)
+    bound = (x.double().abs() @ w.abs().T) * (2.0**-16 + 64 * 2.0**-23)
+    assert ((got.double() - linear_quantized_torch(x, *q, None).double()).abs() <= bound).all()
 
 
 def test_quantize_at_load_round_trips_within_half_a_step():

@@ -25,8 +25,9 @@
 using graphrt_native::QuantRows;
 
 constexpr int64_t kAmxQRows = 16;  // weight rows a tile block
-constexpr int kParts = 2;
+constexpr int kParts = graphrt_native::kAmxQuantParts;
 constexpr int64_t kAmxQLag = graphrt_native::kAmxQuantLag, kAmxQRing = kAmxQLag + 1;
+constexpr int64_t kAmxQAhead = 8192;  // bytes a weight row is prefetched ahead (quant_gemm.h's Intel choice)
 
 // Tiles, two sets used by alternate blocks (a block's B and C are never rewritten while the
 // previous block's product still reads them): A 0 and 3 (16 x 32 bf16), B 1 and 4 (16 pairs x 2M),
@@ -131,7 +132,7 @@ static inline void unpack_block(const QuantRows& w, int64_t n, int64_t b, uint16
   } while (0)
 
 // Output columns [n0, n1), a multiple of 16 of them; parts and sums from amx_pack_parts.
-// scratch: amx_quant_scratch(M, K) floats (isa_kernels.h).
+// scratch: amx_quant_scratch(K) floats (isa_kernels.h).
 //
 // The blocks are software-pipelined: while the tile unit multiplies block b, the vectors unpack
 // block b + kAmxQLag's weights and fold block b - kAmxQLag's products into the accumulators. A
@@ -149,7 +150,9 @@ static void amx_quant_rows(const uint32_t* parts, const float* sums, const Quant
   const __mmask16 first = __mmask16((1u << M) - 1);
   const __m512i column = lane_times(16);
   const char* bytes = static_cast<const char*>(w.q);
-  const int64_t row_bytes = K * BITS / 8, ahead = 8192;
+  const int64_t row_bytes = K * BITS / 8;
+  auto a_block = [&](int64_t b) { return a + b % kAmxQRing * 512; };  // the rings' slots of block b
+  auto c_block = [&](int64_t b) { return c + b % kAmxQRing * 256; };
   for (int64_t n = n0; n < n1; n += kAmxQRows) {
     halves_to_fp32(w.scales + n * blocks, sc, kAmxQRows * blocks);
     if constexpr (BITS == 4) halves_to_fp32(w.mins + n * blocks, mn, kAmxQRows * blocks);
@@ -157,26 +160,24 @@ static void amx_quant_rows(const uint32_t* parts, const float* sums, const Quant
 #pragma GCC unroll 16
     for (int r = 0; r < kAmxQRows; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < std::min<int64_t>(kAmxQLag, blocks); ++b)
-      unpack_block<BITS>(w, n, b, a + b % kAmxQRing * 512);
+      unpack_block<BITS>(w, n, b, a_block(b));
     for (int64_t b = 0; b < blocks + kAmxQLag; ++b) {
       if (b < blocks) {
-        const uint16_t* ab = a + b % kAmxQRing * 512;
         const uint32_t* pb = parts + b * 16 * cols;
-        float* cb = c + b % kAmxQRing * 256;
         if (b & 1)
-          GRT_TILE_BLOCK(3, 4, 5, ab, pb, cb, cols);
+          GRT_TILE_BLOCK(3, 4, 5, a_block(b), pb, c_block(b), cols);
         else
-          GRT_TILE_BLOCK(0, 1, 2, ab, pb, cb, cols);
+          GRT_TILE_BLOCK(0, 1, 2, a_block(b), pb, c_block(b), cols);
         const int64_t next = b + kAmxQLag;
-        if (next < blocks) unpack_block<BITS>(w, n, next, a + next % kAmxQRing * 512);
+        if (next < blocks) unpack_block<BITS>(w, n, next, a_block(next));
         if ((b * 32 * BITS / 8) % 64 == 0) {
 #pragma GCC unroll 16
-          for (int r = 0; r < kAmxQRows; ++r) __builtin_prefetch(bytes + (n + r) * row_bytes + b * 32 * BITS / 8 + ahead);
+          for (int r = 0; r < kAmxQRows; ++r) __builtin_prefetch(bytes + (n + r) * row_bytes + b * 32 * BITS / 8 + kAmxQAhead);
         }
       }
       if (b >= kAmxQLag) {  // fold block f: lanes past 2M hold what they hold and are never read
         const int64_t f = b - kAmxQLag;
-        const float* cf = c + f % kAmxQRing * 256;
+        const float* cf = c_block(f);
         const __m512 xs = _mm512_maskz_loadu_ps(first, sums + f * M);
 #pragma GCC unroll 16
         for (int r = 0; r < kAmxQRows; ++r) {

@@ -55,8 +55,9 @@ using AmxQuantGemmFn = void (*)(const uint32_t* parts, const float* sums, const 
 // against 14.5/13.3/11.6).
 constexpr int64_t kAmxQuantMinRows = 6, kAmxQuantMaxRows = 8;
 constexpr int64_t kAmxQuantBlock = 16;
+constexpr int kAmxQuantParts = 2;  // bf16 parts of each activation
 constexpr int64_t kAmxQuantLag = 3;  // blocks between a block's unpacking, tile product and folding
-inline int64_t amx_parts_size(int64_t M, int64_t K) { return K / 32 * 16 * 2 * M; }
+inline int64_t amx_parts_size(int64_t M, int64_t K) { return K / 32 * 16 * kAmxQuantParts * M; }
 inline int64_t amx_quant_scratch(int64_t K) { return 2 * 16 * (K / 32) + (kAmxQuantLag + 1) * 512; }
 
 // One slice of a logits row, reduced for greedy sampling (greedy.h): its maximum, sum(exp(x -

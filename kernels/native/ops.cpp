@@ -171,9 +171,10 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
   if (isa.quant_gemm_amx != nullptr && M >= kAmxQuantMinRows && M <= kAmxQuantMaxRows && N >= kAmxQuantBlock) {
     // AMX tiles: the activations split into two bf16 parts once, then blocks of 16 output rows; the
     // rows past the last full block take the vector kernel
-    at::Tensor packed = at::empty({amx_parts_size(M, K) + K / 32 * M}, x2.options().dtype(at::kFloat));
+    const int64_t parts_size = amx_parts_size(M, K);
+    at::Tensor packed = at::empty({parts_size + K / 32 * M}, x2.options().dtype(at::kFloat));  // parts, then sums
     uint32_t* parts = reinterpret_cast<uint32_t*>(packed.data_ptr<float>());
-    float* sums = packed.data_ptr<float>() + amx_parts_size(M, K);
+    float* sums = packed.data_ptr<float>() + parts_size;
     isa.pack_parts(xp, parts, sums, M, K, w.bits);
     const int64_t full = N / kAmxQuantBlock;
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / (kAmxQuantBlock * K));

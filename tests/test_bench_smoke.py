@@ -34,6 +34,7 @@ def test_bench_decode_writes_its_fields(tiny_tok_model, tmp_path):
     assert rc == 0 and plot.stat().st_size > 0 and "aten::" in profile.read_text()
     result = json.loads(out.read_text())
     assert {"machine", "bandwidth_gb_s", "rows", "capture"} <= set(result)
+    assert result["kv_pages"] == "touched"  # steady state unless --fresh-kv-pages
     row = result["rows"][0]
     assert row["batch"] == 2 and row["same_tokens_as_transformers"] is True
     for engine in ("graphrt", "graphrt_eager", "transformers"):

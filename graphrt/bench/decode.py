@@ -129,9 +129,11 @@ def bench_decode(
     profile: str | None = None,
     vs_llamacpp: bool = False,
     quantizations: tuple[str, ...] = (),
+    fresh_kv_pages: bool = False,
 ) -> dict:
     from graphrt.llm import LLM
     from graphrt.runner.graph_cache import CaptureSizes
+    from graphrt.runner.kv_cache import fault_in_pages
 
     llamacpp = start_llamacpp(model, dtype, prompt_len + gen_len + 16) if vs_llamacpp else None
     # the quantized file itself, beside graphrt's int4 engine (which runs the same file as stored)
@@ -166,6 +168,9 @@ def bench_decode(
         )
         for q, (source, quantization) in sources.items()
     }
+    if not fresh_kv_pages:  # steady state: a server has touched its cache's pages long ago
+        for llm in (compiled, eager, *quantized.values()):
+            fault_in_pages(llm.engine.kv_caches)
     hf = load_transformers(model, compiled.engine.dtype) if with_transformers else None
     cfg = compiled.engine.loaded.config
     bandwidth = measure_bandwidth()
@@ -220,6 +225,7 @@ def bench_decode(
         "bandwidth_gb_s": bandwidth / 1e9,
         "prompt_len": prompt_len,
         "gen_len": gen_len,
+        "kv_pages": "fresh" if fresh_kv_pages else "touched",
         "rows": rows,
         "capture": [(r.key.name, r.how, round(r.seconds, 1)) for r in compiled.capture_report()],
         "profile_shares": shares,

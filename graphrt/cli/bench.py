@@ -71,6 +71,12 @@ def add_parser(sub) -> None:
                 default=None,
                 help="write a torch.profiler table of graphrt's compiled decode at the first batch size",
             )
+            k.add_argument(
+                "--fresh-kv-pages",
+                action="store_true",
+                help="measure with the KV caches' pages untouched (a fresh process's first pass: a page fault per "
+                "4 KiB of new K/V); by default every page is touched first, as in a long-running server",
+            )
         if name == "kernels":
             k.add_argument("--rows", type=_sizes, default=[1, 2, 4, 8, 16], help="activation row counts, e.g. 1,8")
             k.add_argument(
@@ -142,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
             profile=None if roofline_only else args.profile,
             vs_llamacpp=not roofline_only and args.vs_llamacpp,
             quantizations=tuple(q for q in getattr(args, "quantization", "").split(",") if q),
+            fresh_kv_pages=getattr(args, "fresh_kv_pages", False),
         )
         if not roofline_only and args.plot:
             plot(result, args.plot)

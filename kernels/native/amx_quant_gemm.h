@@ -27,7 +27,10 @@ using graphrt_native::QuantRows;
 constexpr int64_t kAmxQRows = 16;  // weight rows a tile block
 constexpr int kParts = graphrt_native::kAmxQuantParts;
 constexpr int64_t kAmxQLag = graphrt_native::kAmxQuantLag, kAmxQRing = kAmxQLag + 1;
-constexpr int64_t kAmxQAhead = 8192;  // bytes a weight row is prefetched ahead (quant_gemm.h's Intel choice)
+// The next group of 16 weight rows is prefetched while this one runs: its bytes are contiguous
+// (rows are K * BITS / 8 bytes apart), so BITS lines a block, in address order, cover them in the
+// group's blocks, with the group's scales (and mins) in the first blocks. In address order, not
+// row by row 8 KiB ahead as before: 3-5% faster cold (`graphrt bench kernels --rows 8`).
 
 // Tiles, two sets used by alternate blocks (a block's B and C are never rewritten while the
 // previous block's product still reads them): A 0 and 3 (16 x 32 bf16), B 1 and 4 (16 pairs x 2M),
@@ -170,9 +173,12 @@ static void amx_quant_rows(const uint32_t* parts, const float* sums, const Quant
           GRT_TILE_BLOCK(0, 1, 2, a_block(b), pb, c_block(b), cols);
         const int64_t next = b + kAmxQLag;
         if (next < blocks) unpack_block<BITS>(w, n, next, a_block(next));
-        if ((b * 32 * BITS / 8) % 64 == 0) {
-#pragma GCC unroll 16
-          for (int r = 0; r < kAmxQRows; ++r) __builtin_prefetch(bytes + (n + r) * row_bytes + b * 32 * BITS / 8 + kAmxQAhead);
+        const int64_t ahead = n + kAmxQRows;  // past n1 or N: a prefetch never faults
+#pragma GCC unroll 8
+        for (int i = 0; i < BITS; ++i) __builtin_prefetch(bytes + ahead * row_bytes + (b * BITS + i) * 64);
+        if (b <= kAmxQRows * blocks * 2 / 64) {  // a group's scales: 16 rows x blocks float16s
+          __builtin_prefetch(reinterpret_cast<const char*>(w.scales + ahead * blocks) + b * 64);
+          if constexpr (BITS == 4) __builtin_prefetch(reinterpret_cast<const char*>(w.mins + ahead * blocks) + b * 64);
         }
       }
       if (b >= kAmxQLag) {  // fold block f: lanes past 2M hold what they hold and are never read

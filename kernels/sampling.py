@@ -55,11 +55,13 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 @functools.cache
 def _native_greedy():
-    """The native kernels' greedy sampling (argmax and its log-probability, one pass over each
-    row), or None where the library is not loaded."""
+    """The native kernels' greedy sampling, or None where the library is not loaded:
+    ``greedy_sample(logits)`` (argmax and its log-probability, one pass over each row) and
+    ``greedy_sample_plain(logits, temperature, bitmask)`` (the same, or empty results when a row
+    is random or a grammar bit is cleared)."""
     from graphrt.kernels import NATIVE_ISA
 
-    return torch.ops.graphrt_native.greedy_sample if NATIVE_ISA is not None else None
+    return torch.ops.graphrt_native if NATIVE_ISA is not None else None
 
 
 def _sample(
@@ -72,14 +74,18 @@ def _sample(
     offsets: torch.Tensor,
     bitmask: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    native = _native_greedy()
+    if native is not None and logits.device.type == "cpu":  # the usual step: one native call
+        tokens, logprobs = native.greedy_sample_plain(logits, temperature, bitmask)
+        if tokens.shape[0] == logits.shape[0]:
+            return tokens, logprobs
     logits = logits.float()
     if bitmask is not None:
         logits = mask_logits(logits, bitmask)
     random = temperature > 0
     any_random = bool(random.any())  # CPU only: an all-greedy batch needs no softmax
-    native = _native_greedy()
     if native is not None and logits.device.type == "cpu" and not any_random:
-        return native(logits)  # argmax and its log-probability in one pass
+        return native.greedy_sample(logits)  # a grammar's mask, applied above
     greedy = logits.argmax(dim=-1)
     tokens = greedy
     if any_random:
@@ -153,7 +159,8 @@ def _draft_sample(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = logits.float()
     native = _native_greedy()
-    greedy = native(logits)[0] if native is not None and logits.device.type == "cpu" else logits.argmax(dim=-1)
+    on_cpu = native is not None and logits.device.type == "cpu"
+    greedy = native.greedy_sample(logits)[0] if on_cpu else logits.argmax(dim=-1)
     q = point_masses(greedy, logits)
     random = temperature > 0
     if not bool(random.any()):  # CPU only: an all-greedy batch needs no softmax and no draw

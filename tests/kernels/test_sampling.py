@@ -87,6 +87,32 @@ def test_temperature_zero_is_argmax():
     torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0])
 
 
+def test_the_one_call_greedy_path_takes_plain_batches_and_declines_the_others():
+    from graphrt.kernels import NATIVE_ISA
+
+    if NATIVE_ISA is None:
+        pytest.skip("the native library is not loaded (GRAPHRT_NATIVE=0 or no compiler)")
+    plain = torch.ops.graphrt_native.greedy_sample_plain
+    logits = torch.randn(3, 70, generator=torch.Generator().manual_seed(1))
+    greedy = torch.zeros(3)
+    all_ones = torch.full((3, 3), -1, dtype=torch.int32)
+    cleared = all_ones.clone()
+    cleared[2, 1] = ~(1 << 5)  # token 37 of row 2 forbidden
+    random = torch.tensor([0.0, 0.7, 0.0])
+    # greedy rows, with no mask or an all-ones one: the argmax and its log-probability
+    for mask in (None, all_ones):
+        tokens, logprobs = plain(logits, greedy, mask)
+        assert torch.equal(tokens, logits.argmax(-1))
+        torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0])
+    # a random row or a cleared grammar bit: declined (empty), for graphrt::sample's other path
+    assert plain(logits, random, None)[0].numel() == 0
+    assert plain(logits, greedy, cleared)[0].numel() == 0
+    # and that path still applies the mask: row 2 never takes token 37
+    logits[2, 37] = 100.0
+    tokens, _ = kernels.sample(logits, **params(3, temperature=0.0), bitmask=cleared)
+    assert tokens[2] != 37 and tokens[2] == logits[2, :37].argmax()
+
+
 def test_greedy_rows_match_argmax_and_log_softmax_on_ties_nans_and_infinities():
     vocab = 40_000  # over the native kernel's slice: each row is reduced in parts and merged
     logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(0))

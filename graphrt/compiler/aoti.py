@@ -49,7 +49,9 @@ def export(gm: fx.GraphModule, example_inputs: list, free: dict | None = None) -
 def compile_package(exported: torch.export.ExportedProgram, path: str) -> None:
     # The wrapper's -O1 (Inductor's default) is kept: -O0 builds a SmolLM2 decode graph in 18 s
     # instead of 25 s but steps 2-3% slower, and a graph is built once per machine.
-    torch._inductor.aoti_compile_and_package(exported, package_path=path)
+    from graphrt.compiler.inner import INDUCTOR_OPTIONS
+
+    torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs=dict(INDUCTOR_OPTIONS))
 
 
 def build_package(gm: fx.GraphModule, example_inputs: list, path: str, free: dict | None = None) -> None:

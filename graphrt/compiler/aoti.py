@@ -22,6 +22,8 @@ import sys
 import torch
 import torch.fx as fx
 
+from graphrt.compiler.inner import INDUCTOR_OPTIONS
+
 
 def free_dims(sources: list[tuple], inputs: list[torch.Tensor], block_tables_arg: int) -> dict[int, dict[int, str]]:
     """Which dims of which flat inputs a package leaves free: {input index: {dim: name}}
@@ -49,8 +51,6 @@ def export(gm: fx.GraphModule, example_inputs: list, free: dict | None = None) -
 def compile_package(exported: torch.export.ExportedProgram, path: str) -> None:
     # The wrapper's -O1 (Inductor's default) is kept: -O0 builds a SmolLM2 decode graph in 18 s
     # instead of 25 s but steps 2-3% slower, and a graph is built once per machine.
-    from graphrt.compiler.inner import INDUCTOR_OPTIONS
-
     torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs=dict(INDUCTOR_OPTIONS))
 
 

@@ -122,15 +122,16 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 def fault_in_pages(caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """Write one element of every 4 KiB page of the caches with its own value, so that no later
+    """Write one element of every page of the caches with its own value, so that no later
     step pays a first-touch page fault. The caches' pages arrive on first use (``_zeros``), which
     a long-running server has paid once; a fresh process pays it on every page its steps reach
     (measured on a 2-core VM: a batch-8 decode step's K/V write 25 µs a layer on fresh pages,
     5 µs on touched ones). Start-up does not call this (2.4 GB of cache took 3.3 s there); a
     benchmark of steady-state decode does. The values are unchanged, so it is safe between steps."""
+    page = os.sysconf("SC_PAGE_SIZE")
     for pair in caches:
         for cache in pair:
             flat = cache.view(-1)
-            per_page = max(1, 4096 // cache.element_size())
+            per_page = max(1, page // cache.element_size())
             for touched in (flat[::per_page], flat[-1:]):  # the last element: a page of its own, maybe
                 touched.copy_(touched.clone())

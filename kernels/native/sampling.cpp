@@ -91,7 +91,10 @@ std::tuple<at::Tensor, at::Tensor> greedy_sample_plain(const at::Tensor& logits,
     const int32_t* wp = words.data_ptr<int32_t>();
     for (int64_t i = 0; i < words.numel() && plain; ++i) plain = wp[i] == -1;
   }
-  if (!plain) return {at::empty({0}, logits.options().dtype(at::kLong)), at::empty({0}, logits.options().dtype(at::kFloat))};
+  if (!plain) {
+    const at::TensorOptions options = logits.options();
+    return {at::empty({0}, options.dtype(at::kLong)), at::empty({0}, options.dtype(at::kFloat))};
+  }
   return greedy_sample(logits);
 }
 

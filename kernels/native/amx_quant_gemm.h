@@ -1,14 +1,13 @@
-// The weight-only quantized skinny GEMM of up to 8 activation rows on AMX tiles (taken for 6-8:
-// kAmxQuantMinRows in isa_kernels.h; included by isa_kernels.cpp in the amx namespace, after
-// amx_gemm.h). Layouts as quant_gemm.h:
+// The int4-weight skinny GEMM of 6 to 8 activation rows on AMX-BF16 tiles (kAmxQuantMinRows in
+// isa_kernels.h; included by isa_kernels.cpp in the amx namespace, after amx_gemm.h; int8 weights
+// take AMX-INT8, amx_int8_gemm.h). Layouts as quant_gemm.h:
 //
 //   y[m, n] = sum_b scale[n, b] * S[n, b, m] (+ min[n, b] * X[b, m])
 //   S[n, b, m] = sum over block b of q[n, k] * x[m, k],   X[b, m] = sum over block b of x[m, k]
 //
 // With 8 activation rows the vector kernel spends eight multiply-adds on every weight, and the
 // arithmetic, not the memory, sets the step (quant_gemm.h). Here one tile product does a block's
-// 16 weight rows x 32 k x every activation row. The q values are exact in bf16 (0..15,
-// -128..127); each fp32 activation is carried as two bf16 parts, x ~ hi + lo (hi = x rounded to
+// 16 weight rows x 32 k x every activation row. The q values (0..15) are exact in bf16; each fp32 activation is carried as two bf16 parts, x ~ hi + lo (hi = x rounded to
 // bf16, lo = the rest rounded): 16 significant bits, each activation within 2^-17 of its fp32
 // value (relative), where bf16 alone would be 2^-9. Every product of a q and a part is exact in
 // fp32 and S is summed in fp32. Each block's S is then scaled (and its min added) in fp32 vectors.
@@ -28,7 +27,7 @@ constexpr int64_t kAmxQRows = 16;  // weight rows a tile block
 constexpr int kParts = graphrt_native::kAmxQuantParts;
 constexpr int64_t kAmxQLag = graphrt_native::kAmxQuantLag, kAmxQRing = kAmxQLag + 1;
 // The next group of 16 weight rows is prefetched while this one runs: its bytes are contiguous
-// (rows are K * BITS / 8 bytes apart), so BITS lines a block, in address order, cover them in the
+// (rows are K / 2 bytes apart), so 4 lines a block, in address order, cover them in the
 // group's blocks, with the group's scales (and mins) in the first blocks. In address order, not
 // row by row 8 KiB ahead as before: 3-5% faster cold (`graphrt bench kernels --rows 8`).
 
@@ -65,9 +64,9 @@ static inline void halves_to_fp32(const uint16_t* h, float* out, int64_t n) {
     _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
 }
 
-// x fp32 [M, K] → parts [K/32 blocks][16 pairs][2M] and block sums [K/32][M]; int4's k order
-// (kBlockOrder) or GGUF's (int8).
-static void amx_pack_parts(const float* x, uint32_t* parts, float* sums, int64_t M, int64_t K, int bits) {
+// x fp32 [M, K] → parts [K/32 blocks][16 pairs][2M] and block sums [K/32][M], in int4's k order
+// (kBlockOrder).
+static void amx_pack_parts(const float* x, uint32_t* parts, float* sums, int64_t M, int64_t K) {
   const int64_t blocks = K / 32, cols = kParts * M;
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i pair_rows = _mm512_mullo_epi32(iota, _mm512_set1_epi32(int(cols)));
@@ -77,11 +76,9 @@ static void amx_pack_parts(const float* x, uint32_t* parts, float* sums, int64_t
       const float* xb = x + m * K + b * 32;
       __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
       sums[b * M + m] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
-      if (bits == 4) {
-        const __m512 p0 = _mm512_permutex2var_ps(x0, first, x1), p1 = _mm512_permutex2var_ps(x0, second, x1);
-        x0 = p0;
-        x1 = p1;
-      }
+      const __m512 p0 = _mm512_permutex2var_ps(x0, first, x1), p1 = _mm512_permutex2var_ps(x0, second, x1);
+      x0 = p0;
+      x1 = p1;
       uint32_t* block = parts + b * 16 * cols;
       for (int p = 0; p < kParts; ++p) {
         const __m512i part = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);  // positions 0-15 low: pairs in order
@@ -93,33 +90,21 @@ static void amx_pack_parts(const float* x, uint32_t* parts, float* sums, int64_t
     }
 }
 
-// Block b of 16 weight rows from n as bf16 [16][32] into a (int4: kBlockOrder; int8: GGUF's order).
-template <int BITS>
+// Block b of 16 weight rows from n as bf16 [16][32] into a, in kBlockOrder.
 static inline void unpack_block(const QuantRows& w, int64_t n, int64_t b, uint16_t* a) {
   const int64_t K = w.K;
-  if constexpr (BITS == 4) {
-    alignas(64) static const uint16_t kNibbles[32] = {0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
-                                                      0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
-    const __m512i table = _mm512_load_si512(kNibbles);  // bf16 of 0..15
-    const __m512i shifts = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0x0008000800080008,
-                                             0x0008000800080008, 0x000c000c000c000c, 0x000c000c000c000c);
-    const __m512i nibble = _mm512_set1_epi16(15);
-    const uint8_t* q = static_cast<const uint8_t*>(w.q) + n * (K / 2) + b * 16;
+  alignas(64) static const uint16_t kNibbles[32] = {0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
+                                                    0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
+  const __m512i table = _mm512_load_si512(kNibbles);  // bf16 of 0..15
+  const __m512i shifts = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0x0008000800080008,
+                                           0x0008000800080008, 0x000c000c000c000c, 0x000c000c000c000c);
+  const __m512i nibble = _mm512_set1_epi16(15);
+  const uint8_t* q = static_cast<const uint8_t*>(w.q) + n * (K / 2) + b * 16;
 #pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r) {
-      const __m512i bytes = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + r * (K / 2))));
-      const __m512i words = _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), nibble);
-      _mm512_storeu_si512(a + r * 32, _mm512_permutexvar_epi16(words, table));
-    }
-  } else {
-    const int8_t* q = static_cast<const int8_t*>(w.q) + n * K + b * 32;
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r) {
-      const __m512 v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + r * K))));
-      const __m512 v1 =
-          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + r * K + 16))));
-      _mm512_storeu_si512(a + r * 32, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
-    }
+  for (int r = 0; r < 16; ++r) {
+    const __m512i bytes = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + r * (K / 2))));
+    const __m512i words = _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), nibble);
+    _mm512_storeu_si512(a + r * 32, _mm512_permutexvar_epi16(words, table));
   }
 }
 
@@ -141,7 +126,6 @@ static inline void unpack_block(const QuantRows& w, int64_t n, int64_t b, uint16
 // block b + kAmxQLag's weights and fold block b - kAmxQLag's products into the accumulators. A
 // tile load waits until the vector stores it reads have left the core, and vector loads of a
 // tile store the same; kAmxQLag blocks apart, neither waits. Buffers: rings of kAmxQRing blocks.
-template <int BITS>
 static void amx_quant_rows(const uint32_t* parts, const float* sums, const QuantRows& w, float* y, int64_t M, int64_t N,
                            int64_t n0, int64_t n1, float* scratch) {
   const int64_t K = w.K, blocks = K / 32, cols = kParts * M;
@@ -153,17 +137,17 @@ static void amx_quant_rows(const uint32_t* parts, const float* sums, const Quant
   const __mmask16 first = __mmask16((1u << M) - 1);
   const __m512i column = lane_times(16);
   const char* bytes = static_cast<const char*>(w.q);
-  const int64_t row_bytes = K * BITS / 8;
+  const int64_t row_bytes = K / 2;
   auto a_block = [&](int64_t b) { return a + b % kAmxQRing * 512; };  // the rings' slots of block b
   auto c_block = [&](int64_t b) { return c + b % kAmxQRing * 256; };
   for (int64_t n = n0; n < n1; n += kAmxQRows) {
     halves_to_fp32(w.scales + n * blocks, sc, kAmxQRows * blocks);
-    if constexpr (BITS == 4) halves_to_fp32(w.mins + n * blocks, mn, kAmxQRows * blocks);
+    halves_to_fp32(w.mins + n * blocks, mn, kAmxQRows * blocks);
     __m512 acc[kAmxQRows];
 #pragma GCC unroll 16
     for (int r = 0; r < kAmxQRows; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < std::min<int64_t>(kAmxQLag, blocks); ++b)
-      unpack_block<BITS>(w, n, b, a_block(b));
+      unpack_block(w, n, b, a_block(b));
     for (int64_t b = 0; b < blocks + kAmxQLag; ++b) {
       if (b < blocks) {
         const uint32_t* pb = parts + b * 16 * cols;
@@ -172,13 +156,13 @@ static void amx_quant_rows(const uint32_t* parts, const float* sums, const Quant
         else
           GRT_TILE_BLOCK(0, 1, 2, a_block(b), pb, c_block(b), cols);
         const int64_t next = b + kAmxQLag;
-        if (next < blocks) unpack_block<BITS>(w, n, next, a_block(next));
+        if (next < blocks) unpack_block(w, n, next, a_block(next));
         const int64_t ahead = n + kAmxQRows;  // past n1 or N: a prefetch never faults
-#pragma GCC unroll 8
-        for (int i = 0; i < BITS; ++i) __builtin_prefetch(bytes + ahead * row_bytes + (b * BITS + i) * 64);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) __builtin_prefetch(bytes + ahead * row_bytes + (b * 4 + i) * 64);
         if (b <= kAmxQRows * blocks * 2 / 64) {  // a group's scales: 16 rows x blocks float16s
           __builtin_prefetch(reinterpret_cast<const char*>(w.scales + ahead * blocks) + b * 64);
-          if constexpr (BITS == 4) __builtin_prefetch(reinterpret_cast<const char*>(w.mins + ahead * blocks) + b * 64);
+          __builtin_prefetch(reinterpret_cast<const char*>(w.mins + ahead * blocks) + b * 64);
         }
       }
       if (b >= kAmxQLag) {  // fold block f: lanes past 2M hold what they hold and are never read
@@ -188,7 +172,7 @@ static void amx_quant_rows(const uint32_t* parts, const float* sums, const Quant
 #pragma GCC unroll 16
         for (int r = 0; r < kAmxQRows; ++r) {
           acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(cf + r * 16), _mm512_set1_ps(sc[r * blocks + f]), acc[r]);
-          if constexpr (BITS == 4) acc[r] = _mm512_fmadd_ps(xs, _mm512_set1_ps(mn[r * blocks + f]), acc[r]);
+          acc[r] = _mm512_fmadd_ps(xs, _mm512_set1_ps(mn[r * blocks + f]), acc[r]);
         }
       }
     }

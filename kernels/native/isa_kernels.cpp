@@ -9,9 +9,11 @@
 // uses the widest vectors it has. No torch headers here: this file compiles in a second.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "isa_kernels.h"
 
@@ -117,20 +119,22 @@ static void gemm_bf16_dot(const uint16_t* x, const void* w, float* y, int64_t M,
 
 // bf16 x bf16 with 2 to 16 activation rows on AMX tiles (amx_gemm.h); other row counts, ragged
 // shapes and the rows beyond the last full block of 32 take the dot product above. Quantized
-// weights with 6 to 8 activation rows (amx_quant_gemm.h); the rows beyond the last full block of
-// 16 take the avx512 vector kernel.
+// weights with 6 to 8 activation rows (int4: amx_quant_gemm.h, int8: amx_int8_gemm.h); the rows
+// beyond the last full block of 16 take the avx512 vector kernel.
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,amx-int8,avx2,fma,f16c")
 namespace amx {
 #include "amx_gemm.h"
 #include "amx_quant_gemm.h"
+#include "amx_int8_gemm.h"
 static void pack_parts(const float* x, uint32_t* parts, float* sums, int64_t M, int64_t K, int bits) {
-  amx_pack_parts(x, parts, sums, M, K, bits);
+  if (bits == 4) return amx_pack_parts(x, parts, sums, M, K);
+  amx_pack_slices(x, reinterpret_cast<int32_t*>(parts), sums, M, K);
 }
 static void quant_gemm(const uint32_t* parts, const float* sums, const graphrt_native::QuantRows& w, float* y,
                        int64_t M, int64_t N, int64_t n0, int64_t n1, float* scratch) {
-  if (w.bits == 4) return amx_quant_rows<4>(parts, sums, w, y, M, N, n0, n1, scratch);
-  amx_quant_rows<8>(parts, sums, w, y, M, N, n0, n1, scratch);
+  if (w.bits == 4) return amx_quant_rows(parts, sums, w, y, M, N, n0, n1, scratch);
+  amx_int8_rows(reinterpret_cast<const int32_t*>(parts), sums, w, y, M, N, n0, n1, scratch);
 }
 static void pack_pairs(const uint16_t* x, uint32_t* pairs, int64_t M, int64_t K) {
   pack_activation_pairs(x, pairs, M, K);
@@ -206,11 +210,11 @@ static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, Atte
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-// AMX-TILE and AMX-BF16 (CPUID leaf 7: EDX bits 24 and 22), and the kernel's permission for this
+// AMX-TILE, AMX-BF16 and AMX-INT8 (CPUID leaf 7: EDX bits 24, 22 and 25), and the kernel's permission for this
 // process to use the tile registers (Linux: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA).
 static bool amx_usable() {
   unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) return false;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22)) || !(d & (1u << 25))) return false;
   constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
 }

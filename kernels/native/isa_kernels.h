@@ -43,21 +43,24 @@ using AmxGemmFn = void (*)(const uint32_t* pairs, const void* w, float* y, int64
 constexpr int64_t kAmxMinRows = 2, kAmxMaxRows = 16;  // a B tile row holds 16 activation rows' pairs
 constexpr int64_t kAmxBlock = 32;
 
-// The quantized AMX path (amx_quant_gemm.h): x fp32 [M, K] split into two bf16 parts in the
-// tiles' pair layout (in the k order of `bits`' format), with its block sums; then y over output
-// columns [n0, n1), a multiple of 16 of them (null without AMX). Sizes in uint32 / floats.
+// The quantized AMX path: x fp32 [M, K] packed once a call, then y over output columns [n0, n1),
+// a multiple of 16 of them (null without AMX). int4 (amx_quant_gemm.h): two bf16 parts of each
+// activation in the tiles' pair layout, and the block sums; int8 (amx_int8_gemm.h): two int8
+// slices of each block of 32 activations in the quad layout, and the blocks' column scales in
+// place of the sums. Sizes in uint32 / floats: amx_parts_size, amx_sums_size.
 using AmxPackPartsFn = void (*)(const float* x, uint32_t* parts, float* sums, int64_t M, int64_t K, int bits);
 using AmxQuantGemmFn = void (*)(const uint32_t* parts, const float* sums, const QuantRows& w, float* y, int64_t M,
                                 int64_t N, int64_t n0, int64_t n1, float* scratch);
-// 2 parts x 8 rows fill a tile's 16 columns. Below 6 rows the vector kernel is as fast or faster
+// 2 parts (slices) x 8 rows fill a tile's 16 columns. Below 6 rows the vector kernel is as fast or faster
 // (`graphrt bench kernels --rows 5,6,7,8 --dtypes int4,int8`, cold weights, two threads: int4 at
 // 5/6/8 rows 9.6/9.9/9.5 GB/s on tiles against 9.6/8.8/7.1 in vectors, int8 13.2/13.2/12.5
 // against 14.5/13.3/11.6).
 constexpr int64_t kAmxQuantMinRows = 6, kAmxQuantMaxRows = 8;
 constexpr int64_t kAmxQuantBlock = 16;
-constexpr int kAmxQuantParts = 2;  // bf16 parts of each activation
+constexpr int kAmxQuantParts = 2;  // bf16 parts (int4) or int8 slices (int8) of each activation
 constexpr int64_t kAmxQuantLag = 3;  // blocks between a block's unpacking, tile product and folding
 inline int64_t amx_parts_size(int64_t M, int64_t K) { return K / 32 * 16 * kAmxQuantParts * M; }
+inline int64_t amx_sums_size(int64_t K) { return K / 32 * 16; }  // sums [K/32][M] or scales [K/32][16]
 inline int64_t amx_quant_scratch(int64_t K) { return 2 * 16 * (K / 32) + (kAmxQuantLag + 1) * 512; }
 
 // One slice of a logits row, reduced for greedy sampling (greedy.h): its maximum, sum(exp(x -

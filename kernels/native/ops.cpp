@@ -171,8 +171,8 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
   const IsaKernels& isa = isa_kernels();
   const int64_t scratch_size = 4 * (K / 32) + 2 * K;
   if (isa.quant_gemm_amx != nullptr && M >= kAmxQuantMinRows && M <= kAmxQuantMaxRows && N >= kAmxQuantBlock) {
-    // AMX tiles: the activations split into two bf16 parts once, then blocks of 16 output rows; the
-    // rows past the last full block take the vector kernel
+    // AMX tiles: the activations split into two parts (bf16 for int4, int8 for int8) once, then
+    // blocks of 16 output rows; the rows past the last full block take the vector kernel
     const int64_t parts_size = amx_parts_size(M, K);
     const int64_t full = N / kAmxQuantBlock;
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / (kAmxQuantBlock * K));
@@ -180,7 +180,7 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
       // Each thread packs its own copy (the work was serial before anyway): tile loads of a B
       // another core has just written miss to that core's cache, about 10% of a batch-8 step's
       // quantized products (by the profiler, against one copy packed before the threads start).
-      const std::unique_ptr<float[]> packed(new float[parts_size + K / 32 * M]);  // parts, then sums
+      const std::unique_ptr<float[]> packed(new float[parts_size + amx_sums_size(K)]);  // parts, then sums
       uint32_t* parts = reinterpret_cast<uint32_t*>(packed.get());
       float* sums = packed.get() + parts_size;
       isa.pack_parts(xp, parts, sums, M, K, w.bits);

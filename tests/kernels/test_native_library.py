@@ -4,6 +4,7 @@ build is cached by its key, and a bad request for an instruction set is named.""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -100,7 +101,7 @@ def test_each_path_matches_the_reference(env, isa):
     result = run_check(env)
     if isa == "widest":
         assert result["isa"] in native_library.ISAS
-        if _cpu_has("amx_tile", "amx_bf16", "avx512_bf16"):  # bf16 products of 2-16 rows on tiles
+        if _cpu_has("amx_tile", "amx_bf16", "amx_int8", "avx512_bf16"):  # bf16 products of 2-16 rows on tiles
             assert result["isa"] == "amx"
     elif isa == "avx512" and not _cpu_has("avx512f", "avx512bw", "avx512vl", "avx512dq"):
         assert result["isa"] in ("avx2", "portable")  # a set the CPU lacks is never chosen
@@ -108,6 +109,10 @@ def test_each_path_matches_the_reference(env, isa):
         assert result["isa"] == isa
     for name, err in result["errs"].items():
         tol = 1e-5 if "float32" in name or name.startswith("dequantize") else 3e-2
+        if isa == "widest" and re.match(r"int8 torch.float32 [678]x", name):
+            # int8 tiles carry each block of 32 activations as two int8 slices, within 2^-15.9 of
+            # its largest (test_quantized.py bounds it per element); a lost slice is about 5e-3
+            tol = 1e-4
         assert err <= tol, (name, err)
 
 

@@ -43,23 +43,41 @@ def test_linear_quantized_matches_gguf_dequantised_matmul(kind, dtype):
             got = kernels.linear_quantized(x, q.qweight, q.scales, q.mins, bias)
             assert got.shape == (m, n) and got.dtype == dtype
             # fp32: the weights are exactly gguf's (one fused rounding apart), sums reordered;
-            # bf16: one rounding of the output (2^-8) plus slack
+            # bf16: one rounding of the output (2^-8) plus slack. int8 weights at 6-8 rows carry
+            # the activations as int8 slices on AMX CPUs: bounded per element below instead.
+            if kind == "Q8_0" and 6 <= m <= 8 and dtype == torch.float32:
+                bound = slice_bound(x, w) + (0 if bias is None else bias.abs().double() * 2.0**-23)
+                assert ((got.double() - want).abs() <= bound).all(), (kind, n, k, m)
+                continue
             tol = 2e-5 if dtype == torch.float32 else 1e-2
             assert rel_err(got, want) <= tol, (kind, n, k, m, rel_err(got, want))
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_six_to_eight_rows_keep_sixteen_bits_of_each_activation(kind):
-    # On AMX CPUs 6-8 rows run on tiles with each activation as two bf16 parts (within 2^-17 of
-    # it); elsewhere the vector kernel's fp32. Either way every output is within
+def block_max(x: torch.Tensor) -> torch.Tensor:
+    """Each activation's block-of-32 largest magnitude, [m, k] (k a multiple of 32)."""
+    blocks = x.double().abs().reshape(x.shape[0], -1, 32).amax(-1, keepdim=True)
+    return blocks.expand(-1, -1, 32).reshape(x.shape)
+
+
+def slice_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What int8 weights at 6-8 rows may differ from the exact product by: each activation within
+    2^-15.9 of its block's largest (two int8 slices, ``amx_int8_gemm.h``), plus the fp32 sums'
+    K * 2^-23 * sum|w x|."""
+    k = x.shape[-1]
+    return block_max(x) @ w.abs().T * 2.0**-15.9 + (x.double().abs() @ w.abs().T) * k * 2.0**-23
+
+
+@pytest.mark.parametrize("kind", ("Q4_0", "Q4_1"))
+def test_six_to_eight_int4_rows_keep_sixteen_bits_of_each_activation(kind):
+    # On AMX CPUs 6-8 rows of int4 run on bf16 tiles with each activation as two bf16 parts
+    # (within 2^-17 of it); elsewhere the vector kernel's fp32. Either way every output is within
     # 2^-16 * sum|w x| (the parts) + K * 2^-23 * sum|w x| (fp32 sums) of the exact product, and
     # activations spanning 2^-20..2^20 keep their small members: one bf16 part alone (2^-9)
     # breaks the bound, as does a lost part or a misplaced block order.
     for n, k in [(35, 576), (577, 1536), (16, 96)]:
         q, w = gguf_matrix(n, k, kind, seed=n)
         for m in (6, 7, 8):
-            g = torch.Generator().manual_seed(m + k)
-            x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-20, 21, (m, k), generator=g).float())
+            x = spread_activations(m, k)
             got = kernels.linear_quantized(x, q.qweight, q.scales, q.mins, None).double()
             magnitude = x.double().abs() @ w.abs().T
             exact = x.double() @ w.T
@@ -68,6 +86,46 @@ def test_six_to_eight_rows_keep_sixteen_bits_of_each_activation(kind):
             # and the bound is tight enough to see a bf16 rounding of the activations
             rounded = x.bfloat16().double() @ w.T
             assert ((rounded - exact).abs() > bound).any()
+
+
+def test_six_to_eight_int8_rows_keep_sixteen_bits_of_each_blocks_largest_activation():
+    # On AMX CPUs 6-8 rows of int8 run on int8 tiles with each block of 32 activations as two
+    # int8 slices (within 2^-15.9 of the block's largest); elsewhere the vector kernel's fp32.
+    # Either way every output is within slice_bound of the exact product, over activations
+    # spanning 2^-20..2^20 and blocks of tiny, zero and mixed-sign values. One slice alone (int8
+    # activations, as llama.cpp's) breaks the bound, as does a lost slice or a misplaced quad.
+    for n, k in [(35, 576), (577, 1536), (16, 96)]:
+        q, w = gguf_matrix(n, k, "Q8_0", seed=n)
+        for m in (6, 7, 8):
+            x = spread_activations(m, k)
+            x[0, :32] = 0.0  # an all-zero block
+            x[1, 32:64] *= 2.0**-130  # a block below the normal range's slices
+            got = kernels.linear_quantized(x, q.qweight, q.scales, q.mins, None).double()
+            exact = x.double() @ w.T
+            bound = slice_bound(x, w)
+            assert ((got - exact).abs() <= bound).all(), (n, k, m, ((got - exact).abs() - bound).max())
+            scale = block_max(x) / 127
+            one_slice = torch.where(scale > 0, torch.round(x.double() / scale) * scale, 0.0) @ w.T
+            assert ((one_slice - exact).abs() > bound).any()
+
+
+def test_int8_rows_carry_non_finite_activations_to_their_own_row():
+    # A NaN or an infinity in one activation row makes that row's outputs NaN (fp32 would give NaN
+    # or an infinity); the other rows are untouched.
+    q, w = gguf_matrix(48, 96, "Q8_0", seed=3)
+    for bad in (float("nan"), float("inf")):
+        x = torch.randn(8, 96, generator=torch.Generator().manual_seed(2))
+        x[3, 40] = bad
+        got = kernels.linear_quantized(x, q.qweight, q.scales, q.mins, None).double()
+        assert not torch.isfinite(got[3]).any()
+        rows = [r for r in range(8) if r != 3]
+        assert ((got[rows] - x[rows].double() @ w.T).abs() <= slice_bound(x[rows], w)).all()
+
+
+def spread_activations(m: int, k: int) -> torch.Tensor:
+    """[m, k] normals times powers of two in 2^-20..2^20: small members beside large ones."""
+    g = torch.Generator().manual_seed(m + k)
+    return torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-20, 21, (m, k), generator=g).float())
 
 
 @pytest.mark.parametrize("kind", KINDS)

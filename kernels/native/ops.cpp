@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "isa_kernels.h"
-#include "work_split.h"
 
 namespace graphrt_native {
 namespace {
@@ -192,17 +191,11 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
     });
   } else if (M > 0) {
     // Blocks of 4 output rows, as graphrt::linear; a quantized row is a quarter to half the bytes.
-    // A late thread's tail goes to the other (work_split.h): the vector kernel spends more
-    // arithmetic on a byte than the float one, so the first thread alone does not keep the memory
-    // busy while it waits. Not taken for the float products (at one row fp32 already streams at
-    // the memory's speed, and the split read 4-8% slower there) or the AMX paths (no faster).
     const int64_t blocks = (N + 3) / 4;
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, 2 * K));
-    parallel_rows_stealing(blocks, 4 * K * w.bits / 8, grain, [&] {
-      std::shared_ptr<float[]> scratch(new float[scratch_size]);
-      return [&, scratch](int64_t b0, int64_t b1) {
-        isa.quant_gemm(xp, w, yp, M, N, b0 * 4, std::min(N, b1 * 4), scratch.get());
-      };
+    at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+      std::vector<float> scratch(scratch_size);
+      isa.quant_gemm(xp, w, yp, M, N, b0 * 4, std::min(N, b1 * 4), scratch.data());
     });
   }
   if (bias.has_value() && bias->defined()) y.add_(bias->to(at::kFloat));

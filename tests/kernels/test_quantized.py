@@ -153,29 +153,6 @@ def test_the_native_op_and_the_portable_body_agree_on_3d_inputs():
     assert ((got.double() - linear_quantized_torch(x, *q, None).double()).abs() <= bound).all()
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
-def test_every_output_row_is_computed_once_whatever_the_thread_count(threads):
-    # 1-5 rows split the weight rows into pieces that a thread done with its own range takes from
-    # the back of another's (work_split.h): hundreds of pieces here, each row must be computed
-    # (the output starts uninitialised) and by the same kernel as on one thread
-    g = torch.Generator().manual_seed(threads)
-    before = torch.get_num_threads()
-    try:
-        for quantize in (quantize_int4, lambda t: (*quantize_int8(t), None)):
-            q = quantize(torch.randn(8195, 576, generator=g))
-            w = dequantize_torch(*q, torch.float64)
-            for m in (1, 3):
-                x = torch.randn(m, 576, generator=g)
-                torch.set_num_threads(1)
-                alone = kernels.linear_quantized(x, *q)
-                torch.set_num_threads(threads)
-                got = kernels.linear_quantized(x, *q)
-                assert torch.equal(got, alone)
-                assert rel_err(got, x.double() @ w.T) <= 2e-5
-    finally:
-        torch.set_num_threads(before)
-
-
 def test_quantize_at_load_round_trips_within_half_a_step():
     w = torch.randn(48, 128) * torch.linspace(0.01, 3, 48)[:, None]
     w[5] = 0  # an all-zero block has scale 0: values stay 0, no division by zero

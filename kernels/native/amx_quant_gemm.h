@@ -7,10 +7,11 @@
 //
 // With 8 activation rows the vector kernel spends eight multiply-adds on every weight, and the
 // arithmetic, not the memory, sets the step (quant_gemm.h). Here one tile product does a block's
-// 16 weight rows x 32 k x every activation row. The q values (0..15) are exact in bf16; each fp32 activation is carried as two bf16 parts, x ~ hi + lo (hi = x rounded to
-// bf16, lo = the rest rounded): 16 significant bits, each activation within 2^-17 of its fp32
+// 16 weight rows x 32 k x every activation row. The q values (0..15) are exact in bf16; each
+// fp32 activation is carried as two bf16 parts, x ~ hi + lo (hi = x rounded to bf16, lo = the
+// rest rounded): 16 significant bits, each activation within 2^-17 of its fp32
 // value (relative), where bf16 alone would be 2^-9. Every product of a q and a part is exact in
-// fp32 and S is summed in fp32. Each block's S is then scaled (and its min added) in fp32 vectors.
+// fp32 and S is summed in fp32. Each block's S is then scaled and its min added in fp32 vectors.
 //
 // Tiles: A is a block of 16 weight rows' q as bf16, written into L1 from the packed bytes; B the
 // block's activation parts, [16 pairs of k][2M columns: the hi parts of rows 0..M-1, then the lo

@@ -210,11 +210,13 @@ static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, Atte
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-// AMX-TILE, AMX-BF16 and AMX-INT8 (CPUID leaf 7: EDX bits 24, 22 and 25), and the kernel's permission for this
-// process to use the tile registers (Linux: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA).
+// AMX-TILE, AMX-BF16 and AMX-INT8 (CPUID leaf 7: EDX bits 24, 22 and 25), and the kernel's
+// permission for this process to use the tile registers (Linux: arch_prctl ARCH_REQ_XCOMP_PERM for
+// XTILEDATA).
 static bool amx_usable() {
   unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22)) || !(d & (1u << 25))) return false;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if (!(d & (1u << 24)) || !(d & (1u << 22)) || !(d & (1u << 25))) return false;
   constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
 }

@@ -51,14 +51,14 @@ constexpr int64_t kAmxBlock = 32;
 using AmxPackPartsFn = void (*)(const float* x, uint32_t* parts, float* sums, int64_t M, int64_t K, int bits);
 using AmxQuantGemmFn = void (*)(const uint32_t* parts, const float* sums, const QuantRows& w, float* y, int64_t M,
                                 int64_t N, int64_t n0, int64_t n1, float* scratch);
-// 2 parts (slices) x 8 rows fill a tile's 16 columns. Below 6 rows the vector kernel is as fast or faster
-// (`graphrt bench kernels --rows 5,6,7,8 --dtypes int4,int8`, cold weights, two threads: int4 at
-// 5/6/8 rows 9.6/9.9/9.5 GB/s on tiles against 9.6/8.8/7.1 in vectors, int8 13.2/13.2/12.5
-// against 14.5/13.3/11.6).
+// 2 parts (slices) x 8 rows fill a tile's 16 columns. Below 6 rows the vector kernel is as fast or
+// faster (`graphrt bench kernels --rows 5,6,7,8 --dtypes int4,int8`, cold weights, two threads:
+// int4 at 5/6/8 rows 9.6/9.9/9.5 GB/s on tiles against 9.6/8.8/7.1 in vectors; int8 on its
+// AMX-INT8 tiles 17.4/16.8 GB/s at 6/8 rows, the vectors 16.1/15.0 at 4/5).
 constexpr int64_t kAmxQuantMinRows = 6, kAmxQuantMaxRows = 8;
 constexpr int64_t kAmxQuantBlock = 16;
 constexpr int kAmxQuantParts = 2;  // bf16 parts (int4) or int8 slices (int8) of each activation
-constexpr int64_t kAmxQuantLag = 3;  // blocks between a block's unpacking, tile product and folding
+constexpr int64_t kAmxQuantLag = 3;  // blocks between a block's unpacking (int4), tile product and folding
 inline int64_t amx_parts_size(int64_t M, int64_t K) { return K / 32 * 16 * kAmxQuantParts * M; }
 inline int64_t amx_sums_size(int64_t K) { return K / 32 * 16; }  // sums [K/32][M] or scales [K/32][16]
 inline int64_t amx_quant_scratch(int64_t K) { return 2 * 16 * (K / 32) + (kAmxQuantLag + 1) * 512; }

@@ -180,7 +180,7 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
       // Each thread packs its own copy (the work was serial before anyway): tile loads of a B
       // another core has just written miss to that core's cache, about 10% of a batch-8 step's
       // quantized products (by the profiler, against one copy packed before the threads start).
-      const std::unique_ptr<float[]> packed(new float[parts_size + amx_sums_size(K)]);  // parts, then sums
+      const std::unique_ptr<float[]> packed(new float[parts_size + amx_sums_size(K)]);  // parts, sums
       uint32_t* parts = reinterpret_cast<uint32_t*>(packed.get());
       float* sums = packed.get() + parts_size;
       isa.pack_parts(xp, parts, sums, M, K, w.bits);

@@ -97,7 +97,6 @@ static void amx_int8_rows(const int32_t* slices, const float* col_scales, const 
   float* sc = scratch;                                          // 16 rows' scales, [row][block]
   int32_t* c = reinterpret_cast<int32_t*>(sc + 16 * blocks);  // ring of C blocks, [16][16] int32
   configure_int8_tiles(M);
-  const __m512i column = lane_times(16);
   const int8_t* q = static_cast<const int8_t*>(w.q);
   auto c_block = [&](int64_t b) { return c + b % kAmxQRing * 256; };
   for (int64_t n = n0; n < n1; n += 16) {
@@ -131,13 +130,7 @@ static void amx_int8_rows(const int32_t* slices, const float* col_scales, const 
                                    _mm512_mul_ps(cs, _mm512_set1_ps(sc[r * blocks + f])), acc[r]);
       }
     }
-    // acc[r] lanes m and M + m are y[m, n + r]'s two slices: through L1, a column at a time
-    alignas(64) float t[16 * 16];
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r) _mm512_store_ps(t + r * 16, acc[r]);
-    for (int64_t m = 0; m < M; ++m)
-      _mm512_storeu_ps(y + m * N + n,
-                       _mm512_add_ps(_mm512_i32gather_ps(column, t + m, 4), _mm512_i32gather_ps(column, t + M + m, 4)));
+    store_two_parts(acc, y, M, N, n);
   }
   _tile_release();
 }

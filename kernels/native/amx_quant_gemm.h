@@ -120,6 +120,18 @@ static inline void unpack_block(const QuantRows& w, int64_t n, int64_t b, uint16
     _tile_stored(TC, (c), 64);                     \
   } while (0)
 
+// 16 weight rows' accumulators into y[:, n .. n + 16): acc[r] lanes m and M + m are y[m, n + r]'s
+// two parts (int4's bf16 parts, int8's slices), summed through L1 a column at a time.
+static inline void store_two_parts(const __m512* acc, float* y, int64_t M, int64_t N, int64_t n) {
+  const __m512i column = lane_times(16);
+  alignas(64) float t[16 * 16];
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) _mm512_store_ps(t + r * 16, acc[r]);
+  for (int64_t m = 0; m < M; ++m)
+    _mm512_storeu_ps(y + m * N + n,
+                     _mm512_add_ps(_mm512_i32gather_ps(column, t + m, 4), _mm512_i32gather_ps(column, t + M + m, 4)));
+}
+
 // Output columns [n0, n1), a multiple of 16 of them; parts and sums from amx_pack_parts.
 // scratch: amx_quant_scratch(K) floats (isa_kernels.h).
 //
@@ -136,7 +148,6 @@ static void amx_quant_rows(const uint32_t* parts, const float* sums, const Quant
   float* c = mn + kAmxQRows * blocks + kAmxQRing * 256;                 // ring of C blocks, [16][16] fp32
   configure_quant_tiles(M);
   const __mmask16 first = __mmask16((1u << M) - 1);
-  const __m512i column = lane_times(16);
   const char* bytes = static_cast<const char*>(w.q);
   const int64_t row_bytes = K / 2;
   auto a_block = [&](int64_t b) { return a + b % kAmxQRing * 512; };  // the rings' slots of block b
@@ -177,13 +188,7 @@ static void amx_quant_rows(const uint32_t* parts, const float* sums, const Quant
         }
       }
     }
-    // acc[r] lanes m and M + m are y[m, n + r]'s two parts: through L1, a column at a time
-    alignas(64) float t[kAmxQRows * 16];
-#pragma GCC unroll 16
-    for (int r = 0; r < kAmxQRows; ++r) _mm512_store_ps(t + r * 16, acc[r]);
-    for (int64_t m = 0; m < M; ++m)
-      _mm512_storeu_ps(y + m * N + n,
-                       _mm512_add_ps(_mm512_i32gather_ps(column, t + m, 4), _mm512_i32gather_ps(column, t + M + m, 4)));
+    store_two_parts(acc, y, M, N, n);
   }
   _tile_release();
 }

@@ -23,15 +23,15 @@ static inline float dot(const float* q, const C* key, int64_t D) {
 // a decode step is cold, so latency, not bandwidth, bounds a loop that waits for each row.
 constexpr int64_t kPrefetchKeys = 8;
 
-template <typename C>
+// Locality 3 (the default) requests the slot into L1, 2 into L2.
+template <int Locality = 3, typename C>
 static inline void prefetch_slot(const C* cache, int64_t slot, int64_t slot_elems) {
   const char* p = reinterpret_cast<const char*>(cache + slot * slot_elems);
-  for (int64_t b = 0; b < slot_elems * int64_t(sizeof(C)); b += 64) __builtin_prefetch(p + b);
+  for (int64_t b = 0; b < slot_elems * int64_t(sizeof(C)); b += 64) __builtin_prefetch(p + b, 0, Locality);
 }
 
 // Key l's cache slot, walked key by key: one division where the walk starts, then a step to the
-// next block every block_size keys (a division per key and head cost the loops a tenth of their
-// time).
+// next block every block_size keys.
 struct SlotCursor {
   const int64_t* blocks;
   int64_t block_size, block, offset;
@@ -69,7 +69,10 @@ static inline void chunk_softmax(float* scores, int64_t H, int64_t n, float* m, 
 // The chunk with head_dim = DV vectors and G query heads per KV head known at compile time: one
 // KV head at a time, its G queries and G output rows held in registers across the keys (the
 // general loop reloads and re-stores them for every key). Only where they fit the registers. The
-// first KV head's pass prefetches whole slots, so the others find the chunk in L2.
+// first KV head's pass prefetches whole slots, so the others find the chunk in L2, and requests
+// the same slots' values into L2 for the value pass: two streams from memory at once instead of
+// one after the other (a probe of 30 layers' attention at 512 keys, each call after a 19 MB
+// product: 55.4 against 58.8 µs a call over seven interleaved pairs).
 template <int DV, int G>
 constexpr bool kFitsRegisters = GRT_VEC_BYTES == 64 && DV * (G + 1) <= 28;
 
@@ -85,7 +88,10 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
       for (int d = 0; d < DV; ++d) qv[i][d] = load(q + (g * G + i) * D + d * kLanes);
     SlotCursor at(blocks, block_size, l0), ahead(blocks, block_size, l0 + kPrefetchKeys);
     for (int64_t l = l0; l < l1; ++l, at.next(), ahead.next()) {
-      if (g == 0 && l + kPrefetchKeys < l1) prefetch_slot(k_cache, ahead.slot(), slot_elems);
+      if (g == 0 && l + kPrefetchKeys < l1) {
+        prefetch_slot(k_cache, ahead.slot(), slot_elems);
+        prefetch_slot<2>(v_cache, ahead.slot(), slot_elems);  // the V pass's slot, into L2
+      }
       const C* key = k_cache + at.slot() * slot_elems + g * D;
       vf kv[DV];
       for (int d = 0; d < DV; ++d) kv[d] = load(key + d * kLanes);

@@ -47,10 +47,20 @@ struct SlotCursor {
 static inline void chunk_softmax(float* scores, int64_t H, int64_t n, float* m, float* sums) {
   for (int64_t h = 0; h < H; ++h) {
     float* s = scores + h * n;
+    // the max a vector at a time (a scalar max is one dependent instruction an element)
     float mx = s[0];
-    for (int64_t i = 1; i < n; ++i) mx = s[i] > mx ? s[i] : mx;
-    float total = 0.0f;
     int64_t i = 0;
+    if (n >= kLanes) {
+      vf vmax = load(s);
+      for (i = kLanes; i + kLanes <= n; i += kLanes) {
+        const vf v = load(s + i);
+        vmax = v > vmax ? v : vmax;
+      }
+      for (int l = 0; l < kLanes; ++l) mx = vmax[l] > mx ? vmax[l] : mx;
+    }
+    for (; i < n; ++i) mx = s[i] > mx ? s[i] : mx;
+    float total = 0.0f;
+    i = 0;
     for (; i + kLanes <= n; i += kLanes) {
       const vf e = exp_nonpositive(load(s + i) - splat(mx));
       store(s + i, e);

@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -27,6 +26,15 @@ namespace {
 
 constexpr int64_t kChunk = 128;    // keys per attention work item, at most
 constexpr int64_t kMinChunk = 32;  // and at least, where a step is split further for its threads
+
+// A thread's scratch floats, kept between calls: a decode step runs ~150 products and attention
+// calls, each of whose threads needs kilobytes of scratch; a fresh vector each time cost a malloc,
+// a zeroing memset and a free. The contents are whatever the thread's last call left.
+float* thread_scratch(int64_t n) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+  return buffer.data();
+}
 
 // `t` as a contiguous tensor of `dtype`, without a dispatcher round trip when it already is one
 // (these ops run about 150 times a decode step: their fixed cost shows).
@@ -88,8 +96,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
     at::parallel_for(0, full, grain, [&](int64_t b0, int64_t b1) {
       const int64_t n1 = b1 == full ? N : b1 * kAmxBlock;
       // each thread packs its own copy of the B tiles' pairs: see linear_quantized
-      const std::unique_ptr<uint32_t[]> pairs(new uint32_t[K / 2 * M]);
-      uint32_t* pp = pairs.get();
+      uint32_t* pp = reinterpret_cast<uint32_t*>(thread_scratch(K / 2 * M));
       isa.pack_pairs(static_cast<const uint16_t*>(xp), pp, M, K);
       isa.gemm_bf16_amx(pp, wp, yp, M, N, K, b0 * kAmxBlock, b1 * kAmxBlock);
       if (n1 > b1 * kAmxBlock) isa.gemm_bf16_dot(static_cast<const uint16_t*>(xp), wp, yp, M, N, K, b1 * kAmxBlock, n1);
@@ -180,22 +187,21 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
       // Each thread packs its own copy (the work was serial before anyway): tile loads of a B
       // another core has just written miss to that core's cache, about 10% of a batch-8 step's
       // quantized products (by the profiler, against one copy packed before the threads start).
-      const std::unique_ptr<float[]> packed(new float[parts_size + amx_sums_size(K)]);  // parts, sums
-      uint32_t* parts = reinterpret_cast<uint32_t*>(packed.get());
-      float* sums = packed.get() + parts_size;
+      const int64_t sums_size = amx_sums_size(K);
+      float* packed = thread_scratch(parts_size + sums_size + std::max(scratch_size, amx_quant_scratch(K)));
+      uint32_t* parts = reinterpret_cast<uint32_t*>(packed);  // then the sums, then the kernel's scratch
+      float* sums = packed + parts_size;
+      float* scratch = sums + sums_size;
       isa.pack_parts(xp, parts, sums, M, K, w.bits);
-      std::vector<float> scratch(std::max(scratch_size, amx_quant_scratch(K)));
-      isa.quant_gemm_amx(parts, sums, w, yp, M, N, b0 * kAmxQuantBlock, b1 * kAmxQuantBlock, scratch.data());
-      if (b1 == full && N > full * kAmxQuantBlock)
-        isa.quant_gemm(xp, w, yp, M, N, full * kAmxQuantBlock, N, scratch.data());
+      isa.quant_gemm_amx(parts, sums, w, yp, M, N, b0 * kAmxQuantBlock, b1 * kAmxQuantBlock, scratch);
+      if (b1 == full && N > full * kAmxQuantBlock) isa.quant_gemm(xp, w, yp, M, N, full * kAmxQuantBlock, N, scratch);
     });
   } else if (M > 0) {
     // Blocks of 4 output rows, as graphrt::linear; a quantized row is a quarter to half the bytes.
     const int64_t blocks = (N + 3) / 4;
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, 2 * K));
     at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-      std::vector<float> scratch(scratch_size);
-      isa.quant_gemm(xp, w, yp, M, N, b0 * 4, std::min(N, b1 * 4), scratch.data());
+      isa.quant_gemm(xp, w, yp, M, N, b0 * 4, std::min(N, b1 * 4), thread_scratch(scratch_size));
     });
   }
   if (bias.has_value() && bias->defined()) y.add_(bias->to(at::kFloat));
@@ -345,11 +351,11 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   const AttendFn attend = k_cache.scalar_type() == at::kFloat ? isa.attend_f32 : isa.attend_bf16;
   const float fscale = static_cast<float>(scale);
   at::parallel_for(0, I, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores(H * kChunk);
+    float* scores = thread_scratch(H * kChunk);
     for (int64_t i = i0; i < i1; ++i) {
       const Item& it = items[i];
-      attend(qd + it.t * H * D, kd, vd, tp + token_row[it.t] * B, it.l0, it.l1, block_size, Hkv, D, G, fscale,
-             scores.data(), &m[i * H], &sums[i * H], &acc[i * H * D]);
+      attend(qd + it.t * H * D, kd, vd, tp + token_row[it.t] * B, it.l0, it.l1, block_size, Hkv, D, G, fscale, scores,
+             &m[i * H], &sums[i * H], &acc[i * H * D]);
     }
   });
   at::Tensor out = at::empty({T, H, D}, qf.options());

@@ -241,6 +241,7 @@ class EngineStartup:
             "grammar_backend": self.config.grammar_backend,
             "graphrt": __version__,
             "images": self.config.limit_mm_per_prompt if self.loaded.encoder is not None else 0,
+            "measure": 2,  # how it is measured: 2 resets the RSS high-water mark first (peak_growth)
         }
 
     def profile_run(self) -> int:

@@ -78,14 +78,13 @@ class VisionEncoder:
         return cls(hf, processor, config, dtype)
 
     def profile(self, images: int) -> int:
-        """Peak memory growth (bytes, process peak RSS) of encoding ``images`` worst-case images
+        """Peak memory growth (bytes, ``peak_growth``) of encoding ``images`` worst-case images
         (the processor's own size), none of them cached: ``profile_run``'s encoder share."""
-        from graphrt.runner.kv_cache import peak_rss_bytes
+        from graphrt.runner.kv_cache import peak_growth
 
-        before = peak_rss_bytes()
         blank = np.zeros((16, 16, 3), dtype=np.uint8)
-        embeds = [self._encode(blank) for _ in range(images)]
-        return max(peak_rss_bytes() - before, 0) + sum(e.numel() * e.element_size() for e in embeds)
+        embeds, growth = peak_growth(lambda: [self._encode(blank) for _ in range(images)])
+        return growth + sum(e.numel() * e.element_size() for e in embeds)
 
     def _encode(self, image: np.ndarray, index: int = 0) -> torch.Tensor:
         try:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from graphrt.models.config import ModelConfig
+
+T = TypeVar("T")
 
 
 class KVCacheTooSmallError(ValueError):
@@ -75,7 +81,44 @@ def current_rss_bytes() -> int:
 
 
 def peak_rss_bytes() -> int:
+    """The process's RSS high-water mark: VmHWM on Linux (which ``peak_growth`` resets), else
+    getrusage's maximum."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _release_free_memory() -> None:
+    """Hands memory the process has freed back to the system (glibc's malloc_trim), so a measured
+    step's allocations show as growth instead of reusing what an earlier phase left resident."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def peak_growth(fn: Callable[[], T]) -> tuple[T, int]:
+    """``fn()`` and the peak RSS growth (bytes) while it ran, above the RSS when it started.
+
+    The high-water mark is reset first (``/proc/self/clear_refs``, Linux 4.0+): a peak the
+    process reached earlier — converting a checkpoint at load, say — would otherwise hide this
+    one, and a growth measured that way was remembered as the step's memory (near zero) and sized
+    the KV cache for every later start. Where it cannot be reset, growth above the old peak."""
+    _release_free_memory()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = current_rss_bytes()
+    except OSError:
+        before = peak_rss_bytes()
+    result = fn()
+    return result, max(peak_rss_bytes() - before, 0)
 
 
 def plan_kv_cache(

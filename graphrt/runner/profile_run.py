@@ -9,7 +9,7 @@ from graphrt.core.request import Request
 from graphrt.core.scheduler import NewRequestData, SchedulerConfig, SchedulerOutput
 from graphrt.models.config import ModelConfig
 from graphrt.runner.graph_cache import GraphCache
-from graphrt.runner.kv_cache import allocate_kv_caches, peak_rss_bytes
+from graphrt.runner.kv_cache import allocate_kv_caches, peak_growth
 from graphrt.runner.model_runner import ModelRunner
 from graphrt.sampling_params import SamplingParams
 
@@ -23,7 +23,7 @@ def worst_case_step_memory(
     block_size: int,
 ) -> int:
     """Run one dummy step (one long prefill row, the other rows decoding) on caches of its own;
-    returns its peak memory growth in bytes (process peak RSS on CPU)."""
+    returns its peak memory growth in bytes (``peak_growth``: process RSS on CPU)."""
     num_tokens = sched.max_num_batched_tokens
     num_reqs = min(sched.max_num_seqs, num_tokens)
     lens = [num_tokens - (num_reqs - 1)] + [1] * (num_reqs - 1)
@@ -37,6 +37,5 @@ def worst_case_step_memory(
         req = Request(rid, [0] * ctx, SamplingParams(max_tokens=1, temperature=1.0, top_k=5), seed=0)
         new.append(NewRequestData(rid, tuple(req.prompt_token_ids), (), tuple(blocks.allocate(rid, ctx)), ctx - n, req))
         scheduled[rid] = n
-    before = peak_rss_bytes()
-    runner.execute(SchedulerOutput(tuple(new), (), scheduled, frozenset()))
-    return max(peak_rss_bytes() - before, 0)
+    _, growth = peak_growth(lambda: runner.execute(SchedulerOutput(tuple(new), (), scheduled, frozenset())))
+    return growth

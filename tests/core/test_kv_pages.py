@@ -2,7 +2,7 @@ import os
 
 import torch
 
-from graphrt.runner.kv_cache import _zeros, fault_in_pages
+from graphrt.runner.kv_cache import _zeros, fault_in_pages, peak_growth
 
 
 def _resident_bytes() -> int:
@@ -36,3 +36,21 @@ def test_a_cache_left_alone_stays_unfaulted():
     assert _resident_bytes() - before < (k.numel() * 4) // 8
     assert float(k[100].abs().sum()) == 0.0  # a read maps the shared zero page, not new memory
     assert _resident_bytes() - before < (k.numel() * 4) // 8
+
+
+def test_peak_growth_measures_a_step_below_an_earlier_higher_peak():
+    # Arrange: the process peaks first (as converting a checkpoint at load does), then frees it
+    earlier = torch.ones(96 * 2**20 // 4)  # 96 MiB, every page touched
+    del earlier
+    size = 48 * 2**20
+
+    def step():
+        t = torch.empty(size // 4)
+        t.fill_(1.0)  # touch every page
+        return float(t[-1])
+
+    # Act
+    value, growth = peak_growth(step)
+    # Assert: the step's own 48 MiB, though the process had been 96 MiB higher before
+    assert value == 1.0
+    assert 0.9 * size < growth < 1.5 * size

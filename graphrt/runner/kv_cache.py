@@ -60,16 +60,22 @@ def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> in
     return per_token * block_size
 
 
-def available_memory_bytes() -> int:
-    """MemAvailable on Linux; physical memory elsewhere."""
+def _proc_kib(path: str, field: str) -> int | None:
+    """A ``field:  <n> kB`` line of a Linux /proc file, in bytes; None where there is none."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable on Linux; physical memory elsewhere."""
+    available = _proc_kib("/proc/meminfo", "MemAvailable")
+    return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def current_rss_bytes() -> int:
@@ -83,14 +89,8 @@ def current_rss_bytes() -> int:
 def peak_rss_bytes() -> int:
     """The process's RSS high-water mark: VmHWM on Linux (which ``peak_growth`` resets), else
     getrusage's maximum."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _proc_kib("/proc/self/status", "VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _release_free_memory() -> None:

@@ -23,6 +23,7 @@ measured fastest on its own vendor).
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import functools
 import hashlib
@@ -36,7 +37,7 @@ import warnings
 import torch
 
 NATIVE_DIR = pathlib.Path(__file__).parent / "native"
-SOURCES = ("isa_kernels.cpp", "ops.cpp", "sampling.cpp")
+SOURCES = ("isa_kernels.cpp", "ops.cpp", "sampling.cpp", "c_shims.cpp")
 ISAS = ("amx", "avx512", "avx2", "portable")
 LIBRARY = "libgraphrt_cpu.so"
 
@@ -176,8 +177,36 @@ def load() -> str | None:
         return None
     check_isa_request()
     try:
-        torch.ops.load_library(str(library_path()))
+        path = str(library_path())
+        # global: an AOTInductor package built with AOTI_C_SHIMS resolves them in this library
+        ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+        torch.ops.load_library(path)
     except (NativeBuildError, OSError) as e:
         warnings.warn(f"graphrt's native CPU kernels are unavailable, using the torch bodies: {e}", stacklevel=2)
         return None
     return torch.ops.graphrt_native.isa()
+
+
+# The C entry points of native/c_shims.cpp, as Inductor declares them in a package's wrapper:
+# a package built with these calls the ops directly instead of through the proxy executor.
+AOTI_C_SHIMS = {
+    "linear": "AOTITorchError aoti_torch_cpu_linear(AtenTensorHandle, AtenTensorHandle, AtenTensorHandle*, "
+    "AtenTensorHandle*)",
+    "linear_quantized": "AOTITorchError aoti_torch_cpu_linear_quantized(AtenTensorHandle, AtenTensorHandle, "
+    "AtenTensorHandle, AtenTensorHandle*, AtenTensorHandle*, AtenTensorHandle*)",
+    "dequantize": "AOTITorchError aoti_torch_cpu_dequantize(AtenTensorHandle, AtenTensorHandle, AtenTensorHandle*, "
+    "int32_t, AtenTensorHandle*)",
+    "slot_mapping": "AOTITorchError aoti_torch_cpu_slot_mapping(AtenTensorHandle, AtenTensorHandle, "
+    "AtenTensorHandle, int64_t, AtenTensorHandle*)",
+    "paged_attention": "AOTITorchError aoti_torch_cpu_paged_attention(AtenTensorHandle, AtenTensorHandle*, "
+    "AtenTensorHandle*, AtenTensorHandle, AtenTensorHandle, AtenTensorHandle*, AtenTensorHandle, AtenTensorHandle, "
+    "AtenTensorHandle, double, AtenTensorHandle*)",
+}
+
+
+def aoti_c_shims() -> dict:
+    """Inductor's ``aot_inductor.custom_ops_to_c_shims`` for graphrt's native ops: empty when the
+    native library is not loaded (a package then reaches the ops' torch bodies by dispatch)."""
+    if load() is None:
+        return {}
+    return {getattr(torch.ops.graphrt, name).default: [decl] for name, decl in AOTI_C_SHIMS.items()}

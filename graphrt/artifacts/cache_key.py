@@ -40,6 +40,14 @@ def cpu_fingerprint() -> str:
     return platform.processor() or platform.machine()
 
 
+def op_calls() -> str:
+    """How a package reaches graphrt's ops: "c-shim" (the native library's C entry points, which
+    the package needs at load) or "dispatch" (GRAPHRT_NATIVE=0 or a failed build: torch bodies)."""
+    from graphrt.kernels.native_library import load
+
+    return "c-shim" if load() is not None else "dispatch"
+
+
 def _installed_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -57,6 +65,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "compiler": compiler_version(),
         "device": f"cpu:{cpu_fingerprint()}",
+        "op_calls": op_calls(),
         "rank": int(os.environ.get("RANK", "0")),
     }
 

@@ -49,9 +49,13 @@ def export(gm: fx.GraphModule, example_inputs: list, free: dict | None = None) -
 
 
 def compile_package(exported: torch.export.ExportedProgram, path: str) -> None:
-    # The wrapper's -O1 (Inductor's default) is kept: -O0 builds a SmolLM2 decode graph in 18 s
-    # instead of 25 s but steps 2-3% slower, and a graph is built once per machine.
-    torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs=dict(INDUCTOR_OPTIONS))
+    """The wrapper's -O1 (Inductor's default) is kept: -O0 builds a SmolLM2 decode graph in 18 s
+    instead of 25 s but steps 2-3% slower, and a graph is built once per machine. graphrt's native
+    ops are called through their C entry points, not the proxy executor (``aoti_c_shims``)."""
+    from graphrt.kernels.native_library import aoti_c_shims
+
+    configs = {**INDUCTOR_OPTIONS, "aot_inductor.custom_ops_to_c_shims": aoti_c_shims()}
+    torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs=configs)
 
 
 def build_package(gm: fx.GraphModule, example_inputs: list, path: str, free: dict | None = None) -> None:

@@ -3,8 +3,8 @@
 //
 // The ops' schemas are defined in Python (kernels/linear.py, quantized.py, cache.py,
 // attention.py); this library registers their CPU kernels, so a compiled graph (Inductor's
-// wrapper or an AOTInductor package) reaches native code through the dispatcher with no Python
-// in between. Argument checks that name the argument live in the Python wrappers; the
+// wrapper) reaches native code through the dispatcher with no Python in between, and an
+// AOTInductor package calls them directly through the C entry points of c_shims.cpp. Argument checks that name the argument live in the Python wrappers; the
 // TORCH_CHECKs here guard the raw pointers.
 
 #include <ATen/Parallel.h>
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "isa_kernels.h"
+#include "ops.h"
 
 namespace graphrt_native {
 namespace {
@@ -63,6 +64,8 @@ void finish_columns(float* y, const float* bias, uint16_t* out, int64_t M, int64
       for (int64_t n = n0; n < n1; ++n) out[m * N + n] = round_bf16(row[n]);
   }
 }
+
+}  // namespace
 
 // x [..., K] · w[N, K]^T (+ bias) → [..., N] in x's dtype; fp32 accumulation.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
@@ -122,6 +125,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   return x.dim() == 2 ? out : out.reshape(shape);
 }
 
+namespace {
+
 // The quantized matrix behind (qweight, scales, mins): layout checks on the raw pointers' behalf.
 QuantRows quant_rows(const at::Tensor& q, const at::Tensor& scales, const std::optional<at::Tensor>& mins) {
   const bool int4 = q.scalar_type() == at::kByte;
@@ -144,6 +149,8 @@ QuantRows quant_rows(const at::Tensor& q, const at::Tensor& scales, const std::o
   w.K = K;
   return w;
 }
+
+}  // namespace
 
 // The float matrix [..., K] of a quantized one, in `dtype` (computed in fp32).
 at::Tensor dequantize(const at::Tensor& q, const at::Tensor& scales, const std::optional<at::Tensor>& mins,
@@ -211,6 +218,8 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
   return x.dim() == 2 ? out : out.reshape(shape);
 }
 
+namespace {
+
 void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
               const at::Tensor& slot_mapping) {
   TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type(),
@@ -245,6 +254,8 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
     std::memcpy(vd + s * bytes, vs + t * vstride, bytes);
   }
 }
+
+}  // namespace
 
 // Cache slot of every token: block_tables[req, pos / block_size] * block_size + pos % block_size,
 // -1 for padding tokens (token_req < 0); the torch body's seven dispatches, in one loop.
@@ -384,7 +395,6 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
 
 std::string isa_name() { return isa_kernels().name; }
 
-}  // namespace
 }  // namespace graphrt_native
 
 TORCH_LIBRARY_IMPL(graphrt, CPU, m) {

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 
 import pytest
 
@@ -91,6 +92,49 @@ def test_warm_start_from_a_copy_compiles_nothing_and_matches_cold(shipped, tmp_p
     cold = make_llm(path, **{k: v for k, v in OPTS.items() if k != "capture_sizes"})
     assert warm["tokens"] == [o.token_ids for o in cold.generate(PROMPTS, GREEDY)]
     assert warm["stats"]["graph_hits"] > 0
+
+
+def test_packages_call_the_native_ops_through_their_c_entry_points(shipped):
+    """A package calls graphrt's native ops directly (kernels/native/c_shims.cpp), not through the
+    proxy executor, which serves only the ops without native code. The warm start above checks
+    that such a package, loaded in a fresh process, gives the dispatched graph's tokens."""
+    from graphrt.kernels.native_library import AOTI_C_SHIMS
+
+    _, out = shipped
+    (entry,) = json.load(open(os.path.join(out, "manifest.json")))["entries"].values()
+    assert entry["key"]["op_calls"] == "c-shim"
+    with zipfile.ZipFile(os.path.join(out, entry["file"])) as z:
+        names = z.namelist()
+        wrapper = z.read(next(n for n in names if n.endswith(".wrapper.cpp"))).decode()
+        proxied = {
+            n["node"]["target"]
+            for n in json.loads(z.read(next(n for n in names if n.endswith(".wrapper.json"))))["nodes"]
+        }
+    for op in ("linear", "paged_attention", "slot_mapping"):
+        assert f"aoti_torch_cpu_{op}(" in wrapper
+    assert "graphrt::sample" in proxied  # the proxy executor is still there for the others
+    assert not proxied & {f"graphrt::{op}" for op in AOTI_C_SHIMS}
+
+
+def test_without_the_native_library_a_shipped_cache_is_not_loaded(shipped):
+    """Its packages need the library's C entry points: a process running the torch bodies
+    (GRAPHRT_NATIVE=0) has another key and finds nothing to load."""
+    path, out = shipped
+    script = textwrap.dedent("""
+        import sys, graphrt
+        from graphrt.runner.graph_cache import CaptureSizes
+        from graphrt.serving_settings import GraphCacheMismatchError
+        try:
+            graphrt.LLM(sys.argv[1], graph_cache=sys.argv[2], strict_graph_cache=True, max_num_seqs=2,
+                        max_num_batched_tokens=16, kv_cache_memory=2_000_000, progress=False,
+                        capture_sizes=CaptureSizes(decode=(2,), mixed=()))
+        except Exception as e:
+            print(type(e).__name__, e)
+    """)
+    env = {**os.environ, "GRAPHRT_NATIVE": "0"}
+    done = subprocess.run([sys.executable, "-c", script, path, out], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "strict" in done.stdout and "main-t2-r2" in done.stdout
 
 
 def tamper(cache, how):

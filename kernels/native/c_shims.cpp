@@ -1,0 +1,77 @@
+// The C entry points an AOTInductor package calls for graphrt's native ops.
+//
+// Without them a package reaches a custom op through the proxy executor: each call rebuilds the
+// op's argument list from the package's serialized call, boxes it onto a stack and dispatches
+// (autograd fallback, then the CPU kernel) — about 5% of a batch-1 decode step's main thread,
+// which makes about 150 such calls. A package built with these declared
+// (kernels/native_library.py, AOTI_C_SHIMS) calls the op's function directly. Inductor names
+// the entry point aoti_torch_cpu_<op> and passes a Tensor as a handle, a Tensor? as a pointer to
+// one (null for None), a ScalarType as its int32 code, and a pointer for the result.
+//
+// The package resolves these symbols when it is loaded, from this library (loaded with
+// RTLD_GLOBAL first). A failure is reported the way the shim layer reports one: the exception's
+// message is kept and the call returns AOTI_TORCH_FAILURE, which the package raises.
+
+#include <torch/csrc/inductor/aoti_torch/utils.h>
+
+#include "ops.h"
+
+namespace {
+
+const at::Tensor& tensor(AtenTensorHandle h) { return *torch::aot_inductor::tensor_handle_to_tensor_pointer(h); }
+
+at::Tensor& mutable_tensor(AtenTensorHandle h) { return *torch::aot_inductor::tensor_handle_to_tensor_pointer(h); }
+
+std::optional<at::Tensor> optional_tensor(AtenTensorHandle* h) {
+  return torch::aot_inductor::pointer_to_optional<at::Tensor>(h);
+}
+
+AtenTensorHandle handle(at::Tensor&& t) { return torch::aot_inductor::new_tensor_handle(std::move(t)); }
+
+}  // namespace
+
+extern "C" {
+
+AOTITorchError aoti_torch_cpu_linear(AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle* bias,
+                                     AtenTensorHandle* ret) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE(
+      { *ret = handle(graphrt_native::linear(tensor(x), tensor(weight), optional_tensor(bias))); });
+}
+
+AOTITorchError aoti_torch_cpu_linear_quantized(AtenTensorHandle x, AtenTensorHandle qweight, AtenTensorHandle scales,
+                                               AtenTensorHandle* mins, AtenTensorHandle* bias, AtenTensorHandle* ret) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    *ret = handle(graphrt_native::linear_quantized(tensor(x), tensor(qweight), tensor(scales), optional_tensor(mins),
+                                                   optional_tensor(bias)));
+  });
+}
+
+AOTITorchError aoti_torch_cpu_dequantize(AtenTensorHandle qweight, AtenTensorHandle scales, AtenTensorHandle* mins,
+                                         int32_t dtype, AtenTensorHandle* ret) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    *ret = handle(graphrt_native::dequantize(tensor(qweight), tensor(scales), optional_tensor(mins),
+                                             static_cast<at::ScalarType>(dtype)));
+  });
+}
+
+AOTITorchError aoti_torch_cpu_slot_mapping(AtenTensorHandle positions, AtenTensorHandle token_req,
+                                           AtenTensorHandle block_tables, int64_t block_size, AtenTensorHandle* ret) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    *ret = handle(graphrt_native::slot_mapping(tensor(positions), tensor(token_req), tensor(block_tables), block_size));
+  });
+}
+
+AOTITorchError aoti_torch_cpu_paged_attention(AtenTensorHandle q, AtenTensorHandle* k, AtenTensorHandle* v,
+                                              AtenTensorHandle k_cache, AtenTensorHandle v_cache,
+                                              AtenTensorHandle* slot_mapping, AtenTensorHandle block_tables,
+                                              AtenTensorHandle seq_lens, AtenTensorHandle query_start_loc,
+                                              double scale, AtenTensorHandle* ret) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    *ret = handle(graphrt_native::paged_attention(tensor(q), optional_tensor(k), optional_tensor(v),
+                                                  mutable_tensor(k_cache), mutable_tensor(v_cache),
+                                                  optional_tensor(slot_mapping), tensor(block_tables),
+                                                  tensor(seq_lens), tensor(query_start_loc), scale));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,26 @@
+// graphrt's native CPU ops (ops.cpp): registered with the dispatcher there, and called directly
+// by AOTInductor packages through the C entry points of c_shims.cpp.
+
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+
+namespace graphrt_native {
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias);
+at::Tensor dequantize(const at::Tensor& q, const at::Tensor& scales, const std::optional<at::Tensor>& mins,
+                      at::ScalarType dtype);
+at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
+                            const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& bias);
+at::Tensor slot_mapping(const at::Tensor& positions, const at::Tensor& token_req, const at::Tensor& block_tables,
+                        int64_t block_size);
+at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v,
+                           at::Tensor& k_cache, at::Tensor& v_cache, const std::optional<at::Tensor>& slot_mapping,
+                           const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                           const at::Tensor& query_start_loc, double scale);
+std::string isa_name();
+
+}  // namespace graphrt_native

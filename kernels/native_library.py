@@ -201,6 +201,9 @@ AOTI_C_SHIMS = {
     "paged_attention": "AOTITorchError aoti_torch_cpu_paged_attention(AtenTensorHandle, AtenTensorHandle*, "
     "AtenTensorHandle*, AtenTensorHandle, AtenTensorHandle, AtenTensorHandle*, AtenTensorHandle, AtenTensorHandle, "
     "AtenTensorHandle, double, AtenTensorHandle*)",
+    "sample": "AOTITorchError aoti_torch_cpu_sample(AtenTensorHandle, AtenTensorHandle, AtenTensorHandle, "
+    "AtenTensorHandle, AtenTensorHandle, AtenTensorHandle, AtenTensorHandle, AtenTensorHandle*, AtenTensorHandle*, "
+    "AtenTensorHandle*)",
 }
 
 

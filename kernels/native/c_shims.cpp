@@ -12,7 +12,11 @@
 // RTLD_GLOBAL first). A failure is reported the way the shim layer reports one: the exception's
 // message is kept and the call returns AOTI_TORCH_FAILURE, which the package raises.
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/inductor/aoti_torch/utils.h>
+
+#include <tuple>
 
 #include "ops.h"
 
@@ -28,18 +32,23 @@ std::optional<at::Tensor> optional_tensor(AtenTensorHandle* h) {
 
 AtenTensorHandle handle(at::Tensor&& t) { return torch::aot_inductor::new_tensor_handle(std::move(t)); }
 
+// A profiler sees each call under the op's name, as it sees a dispatched one (no cost without one).
+#define GRAPHRT_RECORD(op) RECORD_FUNCTION(op, c10::ArrayRef<const c10::IValue>{})
+
 }  // namespace
 
 extern "C" {
 
 AOTITorchError aoti_torch_cpu_linear(AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle* bias,
                                      AtenTensorHandle* ret) {
+  GRAPHRT_RECORD("graphrt::linear");
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE(
       { *ret = handle(graphrt_native::linear(tensor(x), tensor(weight), optional_tensor(bias))); });
 }
 
 AOTITorchError aoti_torch_cpu_linear_quantized(AtenTensorHandle x, AtenTensorHandle qweight, AtenTensorHandle scales,
                                                AtenTensorHandle* mins, AtenTensorHandle* bias, AtenTensorHandle* ret) {
+  GRAPHRT_RECORD("graphrt::linear_quantized");
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
     *ret = handle(graphrt_native::linear_quantized(tensor(x), tensor(qweight), tensor(scales), optional_tensor(mins),
                                                    optional_tensor(bias)));
@@ -48,6 +57,7 @@ AOTITorchError aoti_torch_cpu_linear_quantized(AtenTensorHandle x, AtenTensorHan
 
 AOTITorchError aoti_torch_cpu_dequantize(AtenTensorHandle qweight, AtenTensorHandle scales, AtenTensorHandle* mins,
                                          int32_t dtype, AtenTensorHandle* ret) {
+  GRAPHRT_RECORD("graphrt::dequantize");
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
     *ret = handle(graphrt_native::dequantize(tensor(qweight), tensor(scales), optional_tensor(mins),
                                              static_cast<at::ScalarType>(dtype)));
@@ -56,6 +66,7 @@ AOTITorchError aoti_torch_cpu_dequantize(AtenTensorHandle qweight, AtenTensorHan
 
 AOTITorchError aoti_torch_cpu_slot_mapping(AtenTensorHandle positions, AtenTensorHandle token_req,
                                            AtenTensorHandle block_tables, int64_t block_size, AtenTensorHandle* ret) {
+  GRAPHRT_RECORD("graphrt::slot_mapping");
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
     *ret = handle(graphrt_native::slot_mapping(tensor(positions), tensor(token_req), tensor(block_tables), block_size));
   });
@@ -66,11 +77,38 @@ AOTITorchError aoti_torch_cpu_paged_attention(AtenTensorHandle q, AtenTensorHand
                                               AtenTensorHandle* slot_mapping, AtenTensorHandle block_tables,
                                               AtenTensorHandle seq_lens, AtenTensorHandle query_start_loc,
                                               double scale, AtenTensorHandle* ret) {
+  GRAPHRT_RECORD("graphrt::paged_attention");
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
     *ret = handle(graphrt_native::paged_attention(tensor(q), optional_tensor(k), optional_tensor(v),
                                                   mutable_tensor(k_cache), mutable_tensor(v_cache),
                                                   optional_tensor(slot_mapping), tensor(block_tables),
                                                   tensor(seq_lens), tensor(query_start_loc), scale));
+  });
+}
+
+// graphrt::sample: an all-greedy step with no grammar bit cleared (the usual one) is sampled
+// here, as the op's body would first do; any other goes to that body (kernels/sampling.py)
+// through the dispatcher.
+AOTITorchError aoti_torch_cpu_sample(AtenTensorHandle logits, AtenTensorHandle temperature, AtenTensorHandle top_k,
+                                     AtenTensorHandle top_p, AtenTensorHandle min_p, AtenTensorHandle seeds,
+                                     AtenTensorHandle offsets, AtenTensorHandle* bitmask, AtenTensorHandle* tokens,
+                                     AtenTensorHandle* logprobs) {
+  GRAPHRT_RECORD("graphrt::sample");
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    const std::optional<at::Tensor> mask = optional_tensor(bitmask);
+    auto [t, l] = graphrt_native::greedy_sample_plain(tensor(logits), tensor(temperature), mask);
+    if (t.size(0) != tensor(logits).size(0)) {
+      static const auto body =
+          c10::Dispatcher::singleton()
+              .findSchemaOrThrow("graphrt::sample", "")
+              .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                        const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                        const at::Tensor&, const std::optional<at::Tensor>&)>();
+      std::tie(t, l) = body.call(tensor(logits), tensor(temperature), tensor(top_k), tensor(top_p), tensor(min_p),
+                                 tensor(seeds), tensor(offsets), mask);
+    }
+    *tokens = handle(std::move(t));
+    *logprobs = handle(std::move(l));
   });
 }
 

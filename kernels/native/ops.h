@@ -1,4 +1,4 @@
-// graphrt's native CPU ops (ops.cpp): registered with the dispatcher there, and called directly
+// graphrt's native CPU ops (ops.cpp, sampling.cpp): registered with the dispatcher there, and called directly
 // by AOTInductor packages through the C entry points of c_shims.cpp.
 
 #pragma once
@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 namespace graphrt_native {
 
@@ -22,5 +23,10 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
                            const at::Tensor& block_tables, const at::Tensor& seq_lens,
                            const at::Tensor& query_start_loc, double scale);
 std::string isa_name();
+
+// sampling.cpp: greedy rows of graphrt::sample, and the check that every row is one
+std::tuple<at::Tensor, at::Tensor> greedy_sample(const at::Tensor& logits);
+std::tuple<at::Tensor, at::Tensor> greedy_sample_plain(const at::Tensor& logits, const at::Tensor& temperature,
+                                                       const std::optional<at::Tensor>& bitmask);
 
 }  // namespace graphrt_native

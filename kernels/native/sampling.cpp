@@ -19,11 +19,14 @@
 #include <vector>
 
 #include "isa_kernels.h"
+#include "ops.h"
 
 namespace graphrt_native {
 namespace {
 
 constexpr int64_t kSlice = 16384;  // logits per work item, at least (a row splits when it has more)
+
+}  // namespace
 
 // logits [N, V] (float32, bfloat16 or float16) → (tokens int64 [N], logprobs float32 [N]), as
 // argmax and log_softmax(logits).gather(argmax) give them (NaN rows: the first NaN, logprob NaN).
@@ -98,7 +101,6 @@ std::tuple<at::Tensor, at::Tensor> greedy_sample_plain(const at::Tensor& logits,
   return greedy_sample(logits);
 }
 
-}  // namespace
 }  // namespace graphrt_native
 
 TORCH_LIBRARY_FRAGMENT(graphrt_native, m) {

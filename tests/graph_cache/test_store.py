@@ -106,14 +106,35 @@ def test_packages_call_the_native_ops_through_their_c_entry_points(shipped):
     with zipfile.ZipFile(os.path.join(out, entry["file"])) as z:
         names = z.namelist()
         wrapper = z.read(next(n for n in names if n.endswith(".wrapper.cpp"))).decode()
-        proxied = {
-            n["node"]["target"]
-            for n in json.loads(z.read(next(n for n in names if n.endswith(".wrapper.json"))))["nodes"]
-        }
-    for op in ("linear", "paged_attention", "slot_mapping"):
+        # the proxy executor's calls are listed in a .wrapper.json, written only when there are any
+        listed = [json.loads(z.read(n))["nodes"] for n in names if n.endswith(".wrapper.json")]
+    proxied = {node["node"]["target"] for nodes in listed for node in nodes}
+    for op in ("linear", "paged_attention", "slot_mapping", "sample"):
         assert f"aoti_torch_cpu_{op}(" in wrapper
-    assert "graphrt::sample" in proxied  # the proxy executor is still there for the others
     assert not proxied & {f"graphrt::{op}" for op in AOTI_C_SHIMS}
+
+
+def test_a_package_samples_random_rows_as_the_dispatched_graph_and_profiles_its_ops(shipped, tmp_path):
+    """graphrt::sample's entry point samples an all-greedy step itself and hands any other (a
+    random row, or a grammar's cleared bit) to the op's torch body: seeded random rows, alone and
+    beside a greedy one, give the dispatched graph's tokens. The profiler sees the directly called
+    ops under their names, as it sees dispatched ones (`graphrt bench decode --profile`)."""
+    from torch.profiler import profile
+
+    path, out = shipped
+    cache = str(tmp_path / "cache")
+    shutil.copytree(out, cache)
+    loaded = graphrt.LLM(path, graph_cache=cache, **OPTS)
+    assert [r.how for r in loaded.capture_report()] == ["loaded"]
+    dispatched = make_llm(path, **OPTS)
+    random_row = SamplingParams(max_tokens=8, temperature=0.9, top_p=0.9, seed=7, ignore_eos=True)
+    for params in ([random_row, random_row], [random_row, GREEDY]):
+        want = [o.token_ids for o in dispatched.generate(PROMPTS, params)]
+        assert [o.token_ids for o in loaded.generate(PROMPTS, params)] == want
+    with profile() as prof:
+        loaded.generate(PROMPTS, GREEDY)
+    names = {e.key for e in prof.key_averages()}
+    assert {"graphrt::linear", "graphrt::paged_attention", "graphrt::sample"} <= names
 
 
 def test_without_the_native_library_a_shipped_cache_is_not_loaded(shipped):

@@ -25,6 +25,7 @@ from graphrt.multimodal.merge import install as install_mm
 from graphrt.passes import PassManager
 from graphrt.runner.graph_cache import CaptureSizes, GraphCache
 from graphrt.runner.graph_key import GraphKey
+from graphrt.runner.huge_pages import move_to_huge_pages
 from graphrt.runner.kv_cache import KVCachePlan, allocate_kv_caches, bytes_per_block, plan_kv_cache
 from graphrt.runner.model_runner import ModelRunner
 from graphrt.runner.profile_run import worst_case_step_memory
@@ -104,6 +105,7 @@ class EngineStartup:
     def load(self) -> None:
         self.dtype = resolve_dtype(adopt(self.config.dtype, self.shipped, "dtype"))
         self.loaded: LoadedModel = load_model(self.config.model, self.dtype, self.config.quantization)
+        move_to_huge_pages(self.loaded.model)  # a decode step streams them all: 2 MiB pages, not 4 KiB
 
     def configure(self) -> None:
         """Settle every setting (given, else shipped, else default), check them against a shipped

@@ -1,0 +1,111 @@
+"""The weights moved into one block of huge pages: the same values, the same sharing between
+tensors, every tensor inside the block, and 2 MiB pages where the kernel grants them."""
+
+import pytest
+import torch
+
+from graphrt.runner import huge_pages
+from graphrt.runner.huge_pages import HUGE_PAGE, move_to_huge_pages
+
+
+class Tied(torch.nn.Module):
+    """Tied weights, two overlapping views of one storage, a non-float buffer: 4.6 MB in all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(1024, 1024)
+        self.b = torch.nn.Linear(1024, 1024, bias=False)
+        self.b.weight = self.a.weight
+        shared = torch.randn(1000, 64)
+        self.register_buffer("v1", shared[10:20])
+        self.register_buffer("v2", shared[15:40, 3:9])
+        self.register_buffer("ids", torch.arange(10, dtype=torch.int8))
+
+
+def anon_huge_kib(address: int) -> int:
+    """AnonHugePages of the mapping holding ``address`` (/proc/self/smaps)."""
+    inside, huge = False, 0
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "AnonHugePages:":
+            huge = int(line.split()[1])
+    return huge
+
+
+@pytest.fixture
+def thp_on(monkeypatch):
+    """Copy as if the kernel granted huge pages (the copy does not depend on it)."""
+    monkeypatch.setattr(huge_pages, "huge_pages_available", lambda: True)
+
+
+def test_values_and_sharing_survive_the_move(thp_on):
+    m = Tied()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    storages = sum(v.untyped_storage().nbytes() for v in (m.a.weight, m.a.bias, m.v1, m.ids))  # v2 shares v1's
+    moved = move_to_huge_pages(m)
+    assert storages <= moved < storages + 64 * 4
+    for name, value in m.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    assert m.b.weight is m.a.weight
+    assert m.v1.untyped_storage().data_ptr() == m.v2.untyped_storage().data_ptr()
+    m.v1[5, 5] = 42.0  # still views of one storage: v2[0, 2] is shared[15, 5]
+    assert m.v2[0, 2].item() == 42.0
+    start = m.a.weight.untyped_storage().data_ptr()
+    ptrs = [t.data_ptr() for t in (m.a.weight, m.a.bias, m.v1, m.v2, m.ids)]
+    lowest = min(ptrs)
+    assert lowest % HUGE_PAGE == 0 and all(lowest <= p < lowest + moved for p in ptrs)
+    assert start <= lowest
+    x = torch.randn(2, 1024)
+    assert torch.equal(m.a(x), torch.nn.functional.linear(x, before["a.weight"], before["a.bias"]))
+
+
+def test_the_block_gets_huge_pages_where_the_kernel_grants_them():
+    if not huge_pages.huge_pages_available():
+        assert move_to_huge_pages(Tied()) == 0  # THP "never" (or switched off): nothing moves
+        return
+    m = Tied()
+    assert move_to_huge_pages(m) > HUGE_PAGE
+    m.a.weight.data.add_(0)  # every page written once more: the mapping's huge pages are there
+    assert anon_huge_kib(m.a.weight.data_ptr()) >= HUGE_PAGE // 1024
+
+
+def test_switched_off_or_never_moves_nothing(monkeypatch, tmp_path):
+    m = Tied()
+    ptr = m.a.weight.data_ptr()
+    monkeypatch.setenv("GRAPHRT_HUGE_PAGES", "0")
+    assert move_to_huge_pages(m) == 0 and m.a.weight.data_ptr() == ptr
+    monkeypatch.delenv("GRAPHRT_HUGE_PAGES")
+    assert move_to_huge_pages(torch.nn.Linear(8, 8)) == 0  # less than a huge page: left alone
+    mode = tmp_path / "enabled"
+    mode.write_text("always madvise [never]\n")
+    monkeypatch.setattr(huge_pages, "THP_MODE", str(mode))
+    assert move_to_huge_pages(m) == 0 and m.a.weight.data_ptr() == ptr
+
+
+def test_an_engine_moves_its_weights_at_start_up(tiny_model, thp_on, monkeypatch):
+    """(Every parity test then decodes from the moved weights.) The tiny model's weights are less
+    than a huge page: moved all the same here."""
+    from tests.helpers import make_llm
+
+    monkeypatch.setattr(huge_pages, "MIN_BYTES", 0)
+
+    model = make_llm(tiny_model("llama_gqa")).engine.loaded.model
+    weights = [p for p in model.parameters()]
+    assert len({p.untyped_storage().data_ptr() for p in weights}) == 1  # one block holds them all
+    assert min(p.data_ptr() for p in weights) % HUGE_PAGE == 0
+
+
+def test_a_kv_cache_takes_huge_pages_and_a_small_one_does_not():
+    from graphrt.runner.kv_cache import _zeros
+
+    k = _zeros((512, 16, 8, 128), torch.float32)  # 32 MiB
+    small = _zeros((4, 16, 2, 64), torch.float32)  # 32 KiB
+    k.fill_(1.0)
+    small.fill_(1.0)
+    expected = 16 * HUGE_PAGE // 1024 if huge_pages.huge_pages_available() else 0
+    assert anon_huge_kib(k.data_ptr()) >= expected
+    assert anon_huge_kib(small.data_ptr()) == 0
+    assert float(k.sum()) == k.numel() and float(small.sum()) == small.numel()

@@ -105,7 +105,8 @@ class EngineStartup:
     def load(self) -> None:
         self.dtype = resolve_dtype(adopt(self.config.dtype, self.shipped, "dtype"))
         self.loaded: LoadedModel = load_model(self.config.model, self.dtype, self.config.quantization)
-        move_to_huge_pages(self.loaded.model)  # a decode step streams them all: 2 MiB pages, not 4 KiB
+        if self.config.huge_pages:  # a decode step streams them all: 2 MiB pages, not 4 KiB
+            move_to_huge_pages(self.loaded.model)
 
     def configure(self) -> None:
         """Settle every setting (given, else shipped, else default), check them against a shipped
@@ -260,7 +261,9 @@ class EngineStartup:
     def initialize_kv_cache(self) -> KVCachePlan:
         cache = dataclasses.replace(self.config.cache, block_size=self.block_size, kv_cache_memory=self.kv_budget())
         self.kv_plan = plan_kv_cache(self.kv_config, cache, self.dtype, self.max_model_len, self.activation_peak)
-        self.kv_caches = allocate_kv_caches(self.kv_config, self.kv_plan.num_blocks, self.block_size, self.dtype)
+        self.kv_caches = allocate_kv_caches(
+            self.kv_config, self.kv_plan.num_blocks, self.block_size, self.dtype, self.config.huge_pages
+        )
         self.blocks = BlockManager(self.kv_plan.num_blocks, self.block_size, self.config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.sched_config, self.blocks, self.lora)
         self.runner = ModelRunner(

@@ -59,6 +59,7 @@ class LLM:
         quantization: str | None = None,
         limit_mm_per_prompt: int = 4,
         enable_prompt_embeds: bool = False,
+        huge_pages: bool = False,
     ) -> None:
         """Load ``model`` and start serving it. Settings left as None come from a shipped graph
         cache (``graph_cache=DIR``, as ``graphrt precompile`` wrote it) when there is one, else
@@ -72,7 +73,10 @@ class LLM:
         everything to ``dtype``. ``limit_mm_per_prompt``: images a prompt may hold (a
         vision-language model; the memory profile encodes that many). ``enable_prompt_embeds``:
         accept ``{"prompt_token_ids": ids, "prompt_embeds": [len(ids), hidden]}`` prompts, whose
-        embeddings replace the token embeddings (every graph then reads two more buffers)."""
+        embeddings replace the token embeddings (every graph then reads two more buffers).
+        ``huge_pages``: the weights and KV caches in 2 MiB pages where the kernel grants them
+        (about 5% faster decode steps; start-up and a fresh process's first steps pay for the
+        pages: for long-running engines, ``graphrt serve``'s default)."""
         if not isinstance(limit_mm_per_prompt, int) or isinstance(limit_mm_per_prompt, bool) or limit_mm_per_prompt < 0:
             raise ValueError(f"limit_mm_per_prompt must be an int >= 0, got {limit_mm_per_prompt!r}")
         cache = CacheConfig(block_size, kv_cache_memory, kv_cache_fraction, enable_prefix_caching)
@@ -101,6 +105,7 @@ class LLM:
             quantization,
             limit_mm_per_prompt,
             enable_prompt_embeds,
+            huge_pages,
         )
         self.engine = LLMEngine(config).start()
 

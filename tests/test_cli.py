@@ -134,3 +134,16 @@ def test_bench_spec_rounds_must_be_positive(rounds, capsys):
         main(["bench", "spec", "--rounds", rounds])
     assert exit_.value.code == 2
     assert f"--rounds: {rounds!r}: give a whole number of at least 1" in capsys.readouterr().err
+
+
+def test_huge_pages_are_on_for_serve_and_the_decode_benchmark_and_off_for_generate():
+    from graphrt.cli import build_parser
+    from graphrt.cli.common import llm_kwargs
+
+    parser = build_parser()
+    assert llm_kwargs(parser.parse_args(["serve"]))["huge_pages"] is True
+    assert llm_kwargs(parser.parse_args(["serve", "--no-huge-pages"]))["huge_pages"] is False
+    assert llm_kwargs(parser.parse_args(["generate"]))["huge_pages"] is False
+    assert llm_kwargs(parser.parse_args(["generate", "--huge-pages"]))["huge_pages"] is True
+    assert parser.parse_args(["bench", "decode"]).huge_pages is True
+    assert parser.parse_args(["bench", "decode", "--no-huge-pages"]).huge_pages is False

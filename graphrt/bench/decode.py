@@ -130,6 +130,7 @@ def bench_decode(
     vs_llamacpp: bool = False,
     quantizations: tuple[str, ...] = (),
     fresh_kv_pages: bool = False,
+    huge_pages: bool = True,
 ) -> dict:
     from graphrt.llm import LLM
     from graphrt.runner.graph_cache import CaptureSizes
@@ -150,11 +151,14 @@ def bench_decode(
         kv_cache_memory=None,
         progress=True,
     )
+    steady = dict(huge_pages=huge_pages)  # graphrt's engines: a long-running server's placement
     sizes = CaptureSizes(
         decode=tuple(sorted(set(batch_sizes))), mixed=tuple(sorted({b * prompt_len for b in batch_sizes}))
     )
     # graphrt's float path: a quantized GGUF dequantised at load, as transformers reads it
-    compiled = LLM(model, capture_sizes=sizes, graph_cache=graph_cache, backend=backend, quantization="none", **common)
+    compiled = LLM(
+        model, capture_sizes=sizes, graph_cache=graph_cache, backend=backend, quantization="none", **common, **steady
+    )
     eager = LLM(compiled.engine.loaded.model, compile=False, **common)
     sources = {q: quantized_source(model, q, compiled.engine.loaded.model) for q in quantizations}
     quantized = {
@@ -165,6 +169,7 @@ def bench_decode(
             graph_cache=graph_cache,
             backend=backend,
             **common,
+            **steady,
         )
         for q, (source, quantization) in sources.items()
     }
@@ -226,6 +231,7 @@ def bench_decode(
         "prompt_len": prompt_len,
         "gen_len": gen_len,
         "kv_pages": "fresh" if fresh_kv_pages else "touched",
+        "huge_pages": huge_pages,
         "rows": rows,
         "capture": [(r.key.name, r.how, round(r.seconds, 1)) for r in compiled.capture_report()],
         "profile_shares": shares,

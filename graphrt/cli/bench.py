@@ -42,6 +42,12 @@ def add_parser(sub) -> None:
             k.add_argument("--prompt-len", type=int, default=128)
             k.add_argument("--gen-len", type=int, default=128)
             k.add_argument("--backend", default="inductor", choices=["inductor", "eager"])
+            k.add_argument(
+                "--huge-pages",
+                action=argparse.BooleanOptionalAction,
+                default=True,
+                help="graphrt's weights and KV caches in 2 MiB pages, as graphrt serve runs (default: on)",
+            )
         if name == "decode":
             k.add_argument("--plot", default=None, help="draw throughput against batch size into this PNG")
             k.add_argument("--no-transformers", action="store_true")
@@ -149,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
             vs_llamacpp=not roofline_only and args.vs_llamacpp,
             quantizations=tuple(q for q in getattr(args, "quantization", "").split(",") if q),
             fresh_kv_pages=getattr(args, "fresh_kv_pages", False),
+            huge_pages=args.huge_pages,
         )
         if not roofline_only and args.plot:
             plot(result, args.plot)

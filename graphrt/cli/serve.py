@@ -14,6 +14,7 @@ from graphrt.cli.generate import parse_lora
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
     add_model_args(p)
+    p.set_defaults(huge_pages=True)  # a server runs long enough to earn the pages' first touch back
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("GRAPHRT_API_KEY"), help="require 'Authorization: Bearer KEY'")

@@ -10,19 +10,20 @@ the same bytes take 2 MiB pages.
 Each tensor is re-pointed in place (``Tensor.set_``) to the copy of its storage, so every holder of
 it (the graphs' input lists, tied weights, views) sees the new memory, and tensors that shared a
 storage still share it. Nothing is done where the kernel gives no huge pages (transparent huge
-pages ``never``, or no ``MADV_HUGEPAGE``), for less than one huge page, or with
-``GRAPHRT_HUGE_PAGES=0``.
+pages ``never``, or no ``MADV_HUGEPAGE``) or for less than one huge page.
 
 The cost is the first touch of each huge page: on the 2-vCPU VM this was measured on, a fresh
 2 MiB page took about 5 ms to fault (100 MB: 0.4-0.65 s, against 0.02 s in 4 KiB pages; the VM's
 host backs free huge pages lazily), so start-up grows by 0.6 s for SmolLM2's int4 weights and
-0.8 s for its fp32 ones.
+0.8 s for its fp32 ones, and a fresh process's first steps pay for the KV pages they reach: a
+one-off `graphrt generate` of 8 tokens took 0.8-1.0 s to its first token instead of 0.16-0.27.
+Hence an engine setting, ``huge_pages``, off by default and on for `graphrt serve` and the
+decode benchmark, which run long enough to earn it back.
 """
 
 from __future__ import annotations
 
 import mmap
-import os
 
 import torch
 
@@ -33,7 +34,7 @@ THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 def huge_pages_available() -> bool:
     """Whether advising a mapping MADV_HUGEPAGE can give it huge pages here."""
-    if os.environ.get("GRAPHRT_HUGE_PAGES", "1") == "0" or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
         return False
     try:
         with open(THP_MODE) as f:

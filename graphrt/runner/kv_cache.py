@@ -145,26 +145,26 @@ def plan_kv_cache(
 
 
 def allocate_kv_caches(
-    cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
+    cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, huge_pages: bool = False
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     (k_heads, k_dim), (v_heads, v_dim) = cfg.kv_cache_dims()
     return [
         (
-            _zeros((num_blocks, block_size, k_heads, k_dim), dtype),
-            _zeros((num_blocks, block_size, v_heads, v_dim), dtype),
+            _zeros((num_blocks, block_size, k_heads, k_dim), dtype, huge_pages),
+            _zeros((num_blocks, block_size, v_heads, v_dim), dtype, huge_pages),
         )
         for _ in range(cfg.num_layers)
     ]
 
 
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, huge_pages: bool = False) -> torch.Tensor:
     """Zeros whose pages the OS provides on first touch (numpy's calloc), so a KV cache of
-    gigabytes is allocated at once instead of being written through at start-up. In 2 MiB pages
-    where the kernel grants them (``huge_pages.py``): attention reads a step's K/V cold, and in
+    gigabytes is allocated at once instead of being written through at start-up. ``huge_pages``:
+    in 2 MiB pages where the kernel grants them (``huge_pages.py``): attention reads a step's K/V cold, and in
     4 KiB pages each of them is a TLB miss too (SmolLM2 fp32, batch 1 at 480-544 tokens: 46-48
     against 51-52 µs an attention call, two alternated pairs of `graphrt bench decode` runs)."""
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes >= MIN_BYTES and huge_pages_available():
+    if huge_pages and nbytes >= MIN_BYTES and huge_pages_available():
         return huge_page_buffer(nbytes).view(dtype).view(shape)
     if dtype.is_floating_point and dtype.itemsize in (2, 4):
         raw = np.zeros(shape, dtype=np.int16 if dtype.itemsize == 2 else np.int32)

@@ -72,12 +72,9 @@ def test_the_block_gets_huge_pages_where_the_kernel_grants_them():
     assert anon_huge_kib(m.a.weight.data_ptr()) >= HUGE_PAGE // 1024
 
 
-def test_switched_off_or_never_moves_nothing(monkeypatch, tmp_path):
+def test_thp_never_or_a_small_module_moves_nothing(monkeypatch, tmp_path):
     m = Tied()
     ptr = m.a.weight.data_ptr()
-    monkeypatch.setenv("GRAPHRT_HUGE_PAGES", "0")
-    assert move_to_huge_pages(m) == 0 and m.a.weight.data_ptr() == ptr
-    monkeypatch.delenv("GRAPHRT_HUGE_PAGES")
     assert move_to_huge_pages(torch.nn.Linear(8, 8)) == 0  # less than a huge page: left alone
     mode = tmp_path / "enabled"
     mode.write_text("always madvise [never]\n")
@@ -85,27 +82,31 @@ def test_switched_off_or_never_moves_nothing(monkeypatch, tmp_path):
     assert move_to_huge_pages(m) == 0 and m.a.weight.data_ptr() == ptr
 
 
-def test_an_engine_moves_its_weights_at_start_up(tiny_model, thp_on, monkeypatch):
-    """(Every parity test then decodes from the moved weights.) The tiny model's weights are less
-    than a huge page: moved all the same here."""
+def test_an_engine_moves_its_weights_at_start_up_when_asked(tiny_model, thp_on, monkeypatch):
+    """``huge_pages=True`` (graphrt serve's default) moves them, the default leaves them. The tiny
+    model's weights are less than a huge page: moved all the same here."""
     from tests.helpers import make_llm
 
     monkeypatch.setattr(huge_pages, "MIN_BYTES", 0)
+    for asked, blocks in ((True, 1), (False, None)):
+        model = make_llm(tiny_model("llama_gqa"), huge_pages=asked).engine.loaded.model
+        storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        if blocks:
+            assert len(storages) == 1  # one block holds them all
+            assert min(p.data_ptr() for p in model.parameters()) % HUGE_PAGE == 0
+        else:
+            assert len(storages) > 1
 
-    model = make_llm(tiny_model("llama_gqa")).engine.loaded.model
-    weights = [p for p in model.parameters()]
-    assert len({p.untyped_storage().data_ptr() for p in weights}) == 1  # one block holds them all
-    assert min(p.data_ptr() for p in weights) % HUGE_PAGE == 0
 
-
-def test_a_kv_cache_takes_huge_pages_and_a_small_one_does_not():
+def test_a_kv_cache_takes_huge_pages_when_asked_and_large_enough():
     from graphrt.runner.kv_cache import _zeros
 
-    k = _zeros((512, 16, 8, 128), torch.float32)  # 32 MiB
-    small = _zeros((4, 16, 2, 64), torch.float32)  # 32 KiB
-    k.fill_(1.0)
-    small.fill_(1.0)
+    k = _zeros((512, 16, 8, 128), torch.float32, huge_pages=True)  # 32 MiB
+    small = _zeros((4, 16, 2, 64), torch.float32, huge_pages=True)  # 32 KiB
+    plain = _zeros((512, 16, 8, 128), torch.float32)
+    for t in (k, small, plain):
+        t.fill_(1.0)
     expected = 16 * HUGE_PAGE // 1024 if huge_pages.huge_pages_available() else 0
     assert anon_huge_kib(k.data_ptr()) >= expected
-    assert anon_huge_kib(small.data_ptr()) == 0
+    assert anon_huge_kib(small.data_ptr()) == 0 and anon_huge_kib(plain.data_ptr()) == 0
     assert float(k.sum()) == k.numel() and float(small.sum()) == small.numel()

@@ -68,7 +68,7 @@ class EngineConfig:
     quantization: str | None = None
     limit_mm_per_prompt: int = 4  # images a prompt may hold (vision-language models)
     enable_prompt_embeds: bool = False  # accept prompts given as embeddings
-    huge_pages: bool = False  # weights and KV caches in 2 MiB pages (runner/huge_pages.py)
+    huge_pages: bool = True  # weights and KV caches in 2 MiB pages (runner/huge_pages.py)
 
 
 @dataclass

@@ -30,7 +30,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--huge-pages",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="weights and KV caches in 2 MiB pages: faster steps, slower start (default: on for serve)",
+        help="weights and KV caches in 2 MiB pages: faster steps, slower start (default: on for serve, "
+        "off for a one-off generate)",
     )
     p.add_argument("--no-compile", action="store_true", help="run eagerly, without compiled graphs")
     p.add_argument("--backend", default="inductor", choices=["inductor", "eager", "torchair"])

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from graphrt.models.config import ModelConfig
-from graphrt.runner.huge_pages import MIN_BYTES, huge_page_buffer, huge_pages_available
+from graphrt.runner import huge_pages as pages
 
 T = TypeVar("T")
 
@@ -164,8 +164,8 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, huge_pages: bool = False)
     4 KiB pages each of them is a TLB miss too (SmolLM2 fp32, batch 1 at 480-544 tokens: 46-48
     against 51-52 µs an attention call, two alternated pairs of `graphrt bench decode` runs)."""
     nbytes = math.prod(shape) * dtype.itemsize
-    if huge_pages and nbytes >= MIN_BYTES and huge_pages_available():
-        return huge_page_buffer(nbytes).view(dtype).view(shape)
+    if huge_pages and nbytes >= pages.MIN_BYTES and pages.huge_pages_available():
+        return pages.huge_page_buffer(nbytes).view(dtype).view(shape)
     if dtype.is_floating_point and dtype.itemsize in (2, 4):
         raw = np.zeros(shape, dtype=np.int16 if dtype.itemsize == 2 else np.int32)
         return torch.from_numpy(raw).view(dtype)  # all-zero bits are 0.0

@@ -13,7 +13,7 @@ storage still share it. Nothing is done where the kernel gives no huge pages (tr
 pages ``never``, or no ``MADV_HUGEPAGE``) or for less than one huge page.
 
 The cost is the first touch of each huge page: on the 2-vCPU VM this was measured on, a fresh
-2 MiB page took about 5 ms to fault (100 MB: 0.4-0.65 s, against 0.02 s in 4 KiB pages; the VM's
+2 MiB page took 8-13 ms to fault (100 MB: 0.4-0.65 s, against 0.02 s in 4 KiB pages; the VM's
 host backs free huge pages lazily), so start-up grows by 0.6 s for SmolLM2's int4 weights and
 0.8 s for its fp32 ones, and a fresh process's first steps pay for the KV pages they reach: a
 one-off `graphrt generate` of 8 tokens took 0.8-1.0 s to its first token instead of 0.16-0.27.
@@ -31,6 +31,7 @@ import torch
 HUGE_PAGE = 2 << 20
 MIN_BYTES = HUGE_PAGE  # a smaller block cannot hold a huge page: left where it is
 THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+_blocks: dict[int, int] = {}  # the huge-page blocks handed out: storage address → bytes
 
 
 def huge_pages_available() -> bool:
@@ -50,6 +51,7 @@ def huge_page_buffer(nbytes: int) -> torch.Tensor:
     mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     mapping.madvise(mmap.MADV_HUGEPAGE)
     whole = torch.frombuffer(mapping, dtype=torch.uint8)
+    _blocks[whole.untyped_storage().data_ptr()] = whole.untyped_storage().nbytes()
     start = -whole.data_ptr() % HUGE_PAGE
     return whole[start : start + nbytes]
 
@@ -58,13 +60,19 @@ def _aligned(n: int) -> int:
     return (n + 63) // 64 * 64
 
 
+def in_huge_page_block(t: torch.Tensor) -> bool:
+    s = t.untyped_storage()
+    return _blocks.get(s.data_ptr()) == s.nbytes()
+
+
 def move_to_huge_pages(module: torch.nn.Module) -> int:
     """Copy the module's CPU parameters and buffers into one huge-page buffer, each storage once,
-    and re-point every tensor to its copy; returns the bytes moved (0: nothing was done)."""
+    and re-point every tensor to its copy; returns the bytes moved (0: nothing was done). Tensors
+    already in such a buffer (a model a second engine serves) stay where they are."""
     if not huge_pages_available():
         return 0
     unique = {id(t): t for t in [*module.parameters(), *module.buffers()]}
-    tensors = [t for t in unique.values() if t.device.type == "cpu" and t.numel() > 0]
+    tensors = [t for t in unique.values() if t.device.type == "cpu" and t.numel() > 0 and not in_huge_page_block(t)]
     storages: dict[int, torch.UntypedStorage] = {}
     for t in tensors:
         storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage())

@@ -113,3 +113,11 @@ def test_a_kv_cache_takes_huge_pages_when_asked_and_large_enough():
     for t in (small, plain):  # numpy's calloc, as without huge pages
         assert t.untyped_storage().nbytes() == t.numel() * 4
     assert float(k.sum()) == k.numel() and float(small.sum()) == small.numel()
+
+
+def test_weights_already_in_a_block_are_not_moved_again(thp_on):
+    """A second engine over the same in-memory model (the decode benchmark's eager one) keeps them."""
+    m = Tied()
+    assert move_to_huge_pages(m) > 0
+    ptr = m.a.weight.data_ptr()
+    assert move_to_huge_pages(m) == 0 and m.a.weight.data_ptr() == ptr

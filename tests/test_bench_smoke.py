@@ -2,7 +2,9 @@
 
 import json
 
+from graphrt.bench.roofline import measure_bandwidth, pages_name, read_buffer
 from graphrt.cli import main
+from graphrt.runner.huge_pages import huge_pages_available, in_huge_page_block
 
 
 def test_bench_decode_writes_its_fields(tiny_tok_model, tmp_path):
@@ -35,6 +37,7 @@ def test_bench_decode_writes_its_fields(tiny_tok_model, tmp_path):
     result = json.loads(out.read_text())
     assert {"machine", "bandwidth_gb_s", "rows", "capture"} <= set(result)
     assert result["kv_pages"] == "touched"  # steady state unless --fresh-kv-pages
+    assert result["huge_pages"] is True and result["bandwidth_pages"] == pages_name(True)
     row = result["rows"][0]
     assert row["batch"] == 2 and row["same_tokens_as_transformers"] is True
     for engine in ("graphrt", "graphrt_eager", "transformers"):
@@ -57,7 +60,7 @@ def test_bench_kernels_reports_both_engines_against_the_bandwidth():
     from graphrt.bench.kernels import bench_kernels
 
     result = bench_kernels(["float32", "bfloat16"], [1, 3], shapes={"t": (40, 24)}, repeats=1, cold_bytes=1 << 16)
-    assert len(result["rows"]) == 4
+    assert len(result["rows"]) == 4 and result["pages"] == pages_name(True)
     for row in result["rows"]:
         assert row["bandwidth_gb_s"] > 0
         assert row["graphrt_gb_s"] > 0 and row["aten_gb_s"] > 0 and row["graphrt_frac"] > 0
@@ -75,3 +78,30 @@ def test_bench_spec_reports_speedup_acceptance_and_step_costs(tiny_tok_model, tm
     assert all(r["same_output"] and r["tokens_per_s"] > 0 for r in rows.values())
     assert 0 <= rows[("repetitive", "ngram k=2")]["acceptance"] <= 1
     assert data["verify_over_main"]["k=2 rows=1"] > 0
+
+
+def test_bench_kernels_places_its_matrices_in_huge_pages():
+    import torch
+
+    from graphrt.bench.kernels import _matrix, _to_huge_pages
+
+    weights = [_matrix(512, 576, "float32") for _ in range(3)] + [_matrix(512, 576, "int4") for _ in range(2)]
+    before = [w.clone() for w in weights[:3]] + [tuple(t.clone() for t in w if t is not None) for w in weights[3:]]
+    _to_huge_pages(weights)
+    parts = [*weights[:3], *(t for w in weights[3:] for t in w if t is not None)]
+    assert all(in_huge_page_block(t) == huge_pages_available() for t in parts)
+    flat_before = [*before[:3], *(t for w in before[3:] for t in w)]
+    assert all(torch.equal(a, b) for a, b in zip(parts, flat_before, strict=True))  # the same values, moved
+
+
+def test_roofline_sum_reads_the_pages_the_weights_sit_in():
+    nbytes = 4 << 20
+    huge = read_buffer(nbytes, True)
+    assert huge.numel() * 4 == nbytes and bool((huge == 1).all())
+    assert in_huge_page_block(huge) == huge_pages_available()
+    assert pages_name(True) == ("2 MiB" if huge_pages_available() else "4 KiB") and pages_name(False) == "4 KiB"
+    assert read_buffer(nbytes, True) is huge  # kept for the next measurement
+    assert measure_bandwidth(gib=nbytes / 2**30, repeats=2, huge_pages=True) > 0
+    small = read_buffer(nbytes, False)  # replaces it
+    assert not in_huge_page_block(small) and bool((small == 1).all())
+    assert measure_bandwidth(gib=nbytes / 2**30, repeats=2) > 0

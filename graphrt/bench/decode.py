@@ -9,7 +9,7 @@ import time
 import torch
 
 from graphrt.bench.common import machine_facts, median, p90, print_facts, write_json
-from graphrt.bench.roofline import decode_step_bytes, measure_bandwidth, weight_bytes
+from graphrt.bench.roofline import decode_step_bytes, measure_bandwidth, pages_name, weight_bytes
 
 
 def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -178,7 +178,8 @@ def bench_decode(
             fault_in_pages(llm.engine.kv_caches)
     hf = load_transformers(model, compiled.engine.dtype) if with_transformers else None
     cfg = compiled.engine.loaded.config
-    bandwidth = measure_bandwidth()
+    bandwidth = measure_bandwidth(huge_pages=huge_pages)
+    print(f"roofline: a streaming sum over {pages_name(huge_pages)} pages, the pages graphrt's weights sit in")
     shares = None
     if profile:
         shares = write_profile(compiled, random_prompts(batch_sizes[0], prompt_len, cfg.vocab_size, seed=0), profile)
@@ -188,9 +189,9 @@ def bench_decode(
         run_graphrt(compiled, prompts, 4)  # warm-up at this size
         # The machine's bandwidth drifts within minutes (shared hosts): the roofline of this row
         # takes the mean of a measurement just before and just after graphrt's own run.
-        before = measure_bandwidth()
+        before = measure_bandwidth(huge_pages=huge_pages)
         row = {"batch": b, "graphrt": run_graphrt(compiled, prompts, gen_len)}
-        row["bandwidth_gb_s"] = (before + measure_bandwidth()) / 2e9
+        row["bandwidth_gb_s"] = (before + measure_bandwidth(huge_pages=huge_pages)) / 2e9
         row["graphrt_eager"] = run_graphrt(eager, prompts, gen_len)
         for q, llm in quantized.items():
             run_graphrt(llm, prompts, 4)
@@ -232,6 +233,7 @@ def bench_decode(
         "gen_len": gen_len,
         "kv_pages": "fresh" if fresh_kv_pages else "touched",
         "huge_pages": huge_pages,
+        "bandwidth_pages": pages_name(huge_pages),  # the roofline's sum reads the pages the weights sit in
         "rows": rows,
         "capture": [(r.key.name, r.how, round(r.seconds, 1)) for r in compiled.capture_report()],
         "profile_shares": shares,

@@ -4,6 +4,8 @@ shapes, with cold weights, next to the machine's read bandwidth measured in the 
 Cold means what a decode step sees: every call reads a matrix that is not in any cache. Each
 shape gets enough distinct matrices that one sweep over them is several times the last-level
 cache; a single repeated matrix would sit in cache and report a bandwidth the memory cannot give.
+With ``huge_pages`` (the default, as an engine places its weights) the matrices and the
+bandwidth's sum both sit in 2 MiB pages; without, both in 4 KiB pages.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from graphrt.bench.roofline import measure_bandwidth
+from graphrt.bench.roofline import measure_bandwidth, pages_name
+from graphrt.runner.huge_pages import move_to_huge_pages
 
 # SmolLM2-135M's projections (graphrt stacks q/k/v and gate/up): name → (N, K)
 SMOLLM2_SHAPES = {
@@ -58,6 +61,15 @@ def _bytes(w) -> int:
     return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
 
+def _to_huge_pages(weights: list) -> None:
+    """Re-point every matrix (and a quantized one's scales and minimums) into 2 MiB pages."""
+    holder = torch.nn.Module()
+    parts = [t for w in weights for t in (w if isinstance(w, tuple) else (w,)) if t is not None]
+    for i, t in enumerate(parts):
+        holder.register_buffer(f"t{i}", t)
+    move_to_huge_pages(holder)
+
+
 def _sweep_seconds(fn, x, weights, repeats: int) -> float:
     fn(x, weights[0])
     best = float("inf")
@@ -75,11 +87,13 @@ def bench_kernels(
     shapes: dict[str, tuple[int, int]] | None = None,
     repeats: int = 3,
     cold_bytes: int = COLD_BYTES,
+    huge_pages: bool = True,
 ) -> dict:
     import graphrt.kernels as kernels
 
     shapes = shapes or SMOLLM2_SHAPES
-    print(f"native kernels: {kernels.NATIVE_ISA or 'off'}; read bandwidth measured around each row")
+    pages = pages_name(huge_pages)
+    print(f"native kernels: {kernels.NATIVE_ISA or 'off'}; read bandwidth measured around each row; {pages} pages")
     results = []
     for dtype_name in dtypes:
         quantized = dtype_name in QUANTIZED
@@ -89,9 +103,11 @@ def bench_kernels(
         for name, (n, k) in shapes.items():
             one = _bytes(_matrix(n, k, dtype_name))
             mats[name] = [_matrix(n, k, dtype_name) for _ in range(max(2, math.ceil(cold_bytes / one)))]
+            if huge_pages:
+                _to_huge_pages(mats[name])
         for m in rows:
             row = {"dtype": dtype_name, "rows": m, "shapes": {}}
-            before = measure_bandwidth()  # the machine drifts: each row gets its own, around it
+            before = measure_bandwidth(huge_pages=huge_pages)  # the machine drifts: each row gets its own, around it
             total = {e: [0, 0.0] for e in engines}
             for name, weights in mats.items():
                 x = torch.randn(m, shapes[name][1]).to(dtype)
@@ -103,7 +119,7 @@ def bench_kernels(
                     total[engine][0] += nbytes
                     total[engine][1] += s
                 row["shapes"][name] = per
-            row["bandwidth_gb_s"] = (before + measure_bandwidth()) / 2e9
+            row["bandwidth_gb_s"] = (before + measure_bandwidth(huge_pages=huge_pages)) / 2e9
             for engine, (nbytes, s) in total.items():
                 row[engine + "_gb_s"] = nbytes / s / 1e9
                 row[engine + "_frac"] = nbytes / s / (row["bandwidth_gb_s"] * 1e9)
@@ -116,4 +132,4 @@ def bench_kernels(
                 + shapes_txt
             )
         del mats
-    return {"native_isa": kernels.NATIVE_ISA, "rows": results}
+    return {"native_isa": kernels.NATIVE_ISA, "pages": pages, "rows": results}

@@ -90,6 +90,13 @@ def add_parser(sub) -> None:
                 default="float32,bfloat16",
                 help="weight dtypes, comma-separated: float32, bfloat16, int8, int4 (fp32 activations)",
             )
+            k.add_argument(
+                "--huge-pages",
+                action=argparse.BooleanOptionalAction,
+                default=True,
+                help="the matrices and the bandwidth's sum in 2 MiB pages, as an engine places its weights "
+                "(default: on)",
+            )
         if name == "spec":
             k.add_argument("--batch-sizes", type=_sizes, default=[1, 8])
             k.add_argument("--ks", type=_sizes, default=None, help="num_speculative_tokens values (3,5; MTP: 1,3)")
@@ -160,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         if not roofline_only and args.plot:
             plot(result, args.plot)
         if roofline_only:
-            print(f"bandwidth {result['bandwidth_gb_s']:.1f} GB/s (streaming read)")
+            print(f"bandwidth {result['bandwidth_gb_s']:.1f} GB/s (streaming read, {result['bandwidth_pages']} pages)")
     elif args.bench == "quality":
         from graphrt.bench.quality import bench_quality
 
@@ -169,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         from graphrt.bench.kernels import bench_kernels
 
         print_facts(machine_facts(args.dtypes))
-        result = bench_kernels(args.dtypes.split(","), args.rows)
+        result = bench_kernels(args.dtypes.split(","), args.rows, huge_pages=args.huge_pages)
     elif args.bench == "spec":
         print_facts(machine_facts(args.dtype))
         if args.method == "mtp":

@@ -2,7 +2,7 @@
 
 import json
 
-from graphrt.bench.roofline import measure_bandwidth, pages_name, read_buffer
+from graphrt.bench.roofline import measure_bandwidth, pages_name, read_buffer, streaming_reads
 from graphrt.cli import main
 from graphrt.runner.huge_pages import huge_pages_available, in_huge_page_block
 
@@ -38,6 +38,8 @@ def test_bench_decode_writes_its_fields(tiny_tok_model, tmp_path):
     assert {"machine", "bandwidth_gb_s", "rows", "capture"} <= set(result)
     assert result["kv_pages"] == "touched"  # steady state unless --fresh-kv-pages
     assert result["huge_pages"] is True and result["bandwidth_pages"] == pages_name(True)
+    assert result["bandwidth_gb_s"] == max(result["bandwidth_reads_gb_s"].values())  # the faster read
+    assert set(result["bandwidth_reads_gb_s"]) == {"sum", "product"}
     row = result["rows"][0]
     assert row["batch"] == 2 and row["same_tokens_as_transformers"] is True
     for engine in ("graphrt", "graphrt_eager", "transformers"):
@@ -101,6 +103,8 @@ def test_roofline_sum_reads_the_pages_the_weights_sit_in():
     assert in_huge_page_block(huge) == huge_pages_available()
     assert pages_name(True) == ("2 MiB" if huge_pages_available() else "4 KiB") and pages_name(False) == "4 KiB"
     assert read_buffer(nbytes, True) is huge  # kept for the next measurement
+    reads = streaming_reads(gib=nbytes / 2**30, repeats=2, huge_pages=True)
+    assert set(reads) == {"sum", "product"} and min(reads.values()) > 0
     assert measure_bandwidth(gib=nbytes / 2**30, repeats=2, huge_pages=True) > 0
     small = read_buffer(nbytes, False)  # replaces it
     assert not in_huge_page_block(small) and bool((small == 1).all())

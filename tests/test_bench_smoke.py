@@ -109,3 +109,13 @@ def test_roofline_sum_reads_the_pages_the_weights_sit_in():
     small = read_buffer(nbytes, False)  # replaces it
     assert not in_huge_page_block(small) and bool((small == 1).all())
     assert measure_bandwidth(gib=nbytes / 2**30, repeats=2) > 0
+
+
+def test_bench_roofline_prints_the_read_and_its_pages(tiny_tok_model, tmp_path, capsys):
+    out = tmp_path / "roofline.json"
+    argv = ["bench", "roofline", "--model", tiny_tok_model, "--batch-sizes", "1", "--prompt-len", "8"]
+    assert main([*argv, "--gen-len", "4", "--backend", "eager", "--no-huge-pages", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["bandwidth_pages"] == "4 KiB" and result["huge_pages"] is False
+    assert "transformers" not in result["rows"][0]  # the roofline run leaves transformers out
+    assert f"(streaming read, {result['bandwidth_pages']} pages)" in capsys.readouterr().out

@@ -92,7 +92,22 @@ def from_gguf_blocks(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> Quan
 
 def quantize_state(state: dict, quantization: str) -> dict:
     """Float projection and embedding weights quantized to ``quantization`` ("int8" / "int4");
-    a weight whose rows are no whole number of 32-value blocks stays float (named in a notice)."""
+    a weight whose rows are no whole number of 32-value blocks stays float (named in a notice).
+    Weights a checkpoint stores quantized (a Q4_1 GGUF's) stay as stored: those in the other
+    format are named in a notice, since int4 weights under quantization="int8" are what the
+    caller asked for only in part (quantization="none" makes every weight float first)."""
+    bits = 8 if quantization == "int8" else 4
+    stored = [name for name, t in state.items() if isinstance(t, QuantizedTensor) and t.bits != bits]
+    if stored:
+        shown = ", ".join(stored[:3]) + (f" and {len(stored) - 3} more" if len(stored) > 3 else "")
+        log.warning(
+            "quantization=%r quantizes float weights; %d weight(s) stored as int%d stay int%d: %s",
+            quantization,
+            len(stored),
+            12 - bits,
+            12 - bits,
+            shown,
+        )
     out, kept = {}, []
     for name, t in state.items():
         if isinstance(t, torch.Tensor) and t.ndim == 2 and name.endswith(_QUANTIZABLE):

@@ -194,3 +194,22 @@ def test_bad_quantization_requests_are_named(tiny_model):
         load_model(tiny_model("llama_gqa"), quantization="int3")
     with pytest.raises(ValueError, match="quantization='int8' is supported for the Llama family, not DeepseekV3"):
         load_model(tiny_model("deepseek_v3"), quantization="int8")
+
+
+def test_quantizing_a_checkpoint_stored_quantized_names_what_stays(caplog):
+    from graphrt.loader.quantization import quantize_int4, quantize_int8, quantize_state
+
+    stored4 = QuantizedTensor(*quantize_int4(torch.randn(4, 64)))
+    stored8 = QuantizedTensor(*quantize_int8(torch.randn(4, 64)), None)
+    state = {"model.layers.0.mlp.down_proj.weight": stored4, "model.embed_tokens.weight": stored8}
+    state["model.layers.0.self_attn.q_proj.weight"] = torch.randn(4, 64)
+    with caplog.at_level("WARNING", logger="graphrt"):
+        out = quantize_state(state, "int8")
+    assert "quantization='int8' quantizes float weights; 1 weight(s) stored as int4 stay int4" in caplog.text
+    assert "down_proj" in caplog.text and "embed_tokens" not in caplog.text
+    assert out["model.layers.0.mlp.down_proj.weight"] is stored4  # as stored, not requantized
+    assert out["model.layers.0.self_attn.q_proj.weight"].bits == 8
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="graphrt"):
+        assert quantize_state(state, "int4")["model.layers.0.self_attn.q_proj.weight"].bits == 4
+    assert "stored as int8 stay int8: model.embed_tokens.weight" in caplog.text and "down_proj" not in caplog.text

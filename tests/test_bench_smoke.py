@@ -96,7 +96,7 @@ def test_bench_kernels_places_its_matrices_in_huge_pages():
     assert all(torch.equal(a, b) for a, b in zip(parts, flat_before, strict=True))  # the same values, moved
 
 
-def test_roofline_sum_reads_the_pages_the_weights_sit_in():
+def test_roofline_reads_the_pages_the_weights_sit_in():
     nbytes = 4 << 20
     huge = read_buffer(nbytes, True)
     assert huge.numel() * 4 == nbytes and bool((huge == 1).all())

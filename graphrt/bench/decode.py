@@ -238,7 +238,7 @@ def bench_decode(
         "gen_len": gen_len,
         "kv_pages": "fresh" if fresh_kv_pages else "touched",
         "huge_pages": huge_pages,
-        "bandwidth_pages": pages_name(huge_pages),  # the roofline's sum reads the pages the weights sit in
+        "bandwidth_pages": pages_name(huge_pages),  # the roofline's reads use the pages the weights sit in
         "rows": rows,
         "capture": [(r.key.name, r.how, round(r.seconds, 1)) for r in compiled.capture_report()],
         "profile_shares": shares,

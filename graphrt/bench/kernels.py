@@ -5,7 +5,7 @@ Cold means what a decode step sees: every call reads a matrix that is not in any
 shape gets enough distinct matrices that one sweep over them is several times the last-level
 cache; a single repeated matrix would sit in cache and report a bandwidth the memory cannot give.
 With ``huge_pages`` (the default, as an engine places its weights) the matrices and the
-bandwidth's sum both sit in 2 MiB pages; without, both in 4 KiB pages.
+bandwidth's reads both sit in 2 MiB pages; without, both in 4 KiB pages.
 """
 
 from __future__ import annotations

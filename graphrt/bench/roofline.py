@@ -8,6 +8,8 @@ import torch
 
 from graphrt.runner.huge_pages import huge_page_buffer, huge_pages_available
 
+READ_COLUMNS = 576  # the product read's row length: a decode projection's (K = 2048: 31.6 GB/s)
+
 
 def measure_bandwidth(gib: float = 1.0, repeats: int = 5, huge_pages: bool = False) -> float:
     """Read bandwidth in bytes per second: the faster of the two streaming reads of
@@ -51,9 +53,6 @@ def streaming_reads(gib: float = 1.0, repeats: int = 5, huge_pages: bool = False
             best = min(best, time.perf_counter() - t)
         out[name] = nbytes / best
     return out
-
-
-READ_COLUMNS = 576  # the product read's row length: a decode projection's (K = 2048: 31.6 GB/s)
 
 
 def pages_name(huge_pages: bool) -> str:

@@ -94,7 +94,7 @@ def add_parser(sub) -> None:
                 "--huge-pages",
                 action=argparse.BooleanOptionalAction,
                 default=True,
-                help="the matrices and the bandwidth's sum in 2 MiB pages, as an engine places its weights "
+                help="the matrices and the bandwidth's reads in 2 MiB pages, as an engine places its weights "
                 "(default: on)",
             )
         if name == "spec":

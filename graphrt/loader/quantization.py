@@ -96,16 +96,16 @@ def quantize_state(state: dict, quantization: str) -> dict:
     Weights a checkpoint stores quantized (a Q4_1 GGUF's) stay as stored: those in the other
     format are named in a notice, since int4 weights under quantization="int8" are what the
     caller asked for only in part (quantization="none" makes every weight float first)."""
-    bits = 8 if quantization == "int8" else 4
-    stored = [name for name, t in state.items() if isinstance(t, QuantizedTensor) and t.bits != bits]
+    other = 4 if quantization == "int8" else 8  # the format a stored weight would be "wrong" in
+    stored = [name for name, t in state.items() if isinstance(t, QuantizedTensor) and t.bits == other]
     if stored:
         shown = ", ".join(stored[:3]) + (f" and {len(stored) - 3} more" if len(stored) > 3 else "")
         log.warning(
             "quantization=%r quantizes float weights; %d weight(s) stored as int%d stay int%d: %s",
             quantization,
             len(stored),
-            12 - bits,
-            12 - bits,
+            other,
+            other,
             shown,
         )
     out, kept = {}, []

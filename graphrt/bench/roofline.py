@@ -57,7 +57,11 @@ def streaming_reads(gib: float = 1.0, repeats: int = 5, huge_pages: bool = False
 
 def pages_name(huge_pages: bool) -> str:
     """The page size a ``huge_pages`` setting gives here (the JSON's ``bandwidth_pages``)."""
-    return "2 MiB" if huge_pages and huge_pages_available() else "4 KiB"
+    return "2 MiB" if _in_huge_pages(huge_pages) else "4 KiB"
+
+
+def _in_huge_pages(huge_pages: bool) -> bool:
+    return huge_pages and huge_pages_available()
 
 
 _buffer: tuple[tuple[int, bool], torch.Tensor] | None = None  # the last one, kept for the next row
@@ -69,7 +73,7 @@ def read_buffer(nbytes: int, huge_pages: bool) -> torch.Tensor:
     before and after every row, and a fresh GiB of huge pages costs its first touch each time
     (3.2 s on the VM above, against 0.2 s in 4 KiB pages)."""
     global _buffer
-    key = (nbytes, huge_pages and huge_pages_available())
+    key = (nbytes, _in_huge_pages(huge_pages))
     if _buffer is None or _buffer[0] != key:
         _buffer = None  # the old one goes first: two GiB are never held at once
         data = huge_page_buffer(nbytes).view(torch.float32) if key[1] else torch.empty(nbytes // 4)

@@ -25,6 +25,7 @@ benchmark, which run long enough to earn it back (SmolLM2 fp32 at 480-544 tokens
 from __future__ import annotations
 
 import mmap
+import weakref
 
 import torch
 
@@ -51,7 +52,11 @@ def huge_page_buffer(nbytes: int) -> torch.Tensor:
     mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     mapping.madvise(mmap.MADV_HUGEPAGE)
     whole = torch.frombuffer(mapping, dtype=torch.uint8)
-    _blocks[whole.untyped_storage().data_ptr()] = whole.untyped_storage().nbytes()
+    address = whole.untyped_storage().data_ptr()
+    _blocks[address] = whole.untyped_storage().nbytes()
+    # forgotten with its mapping, so that memory later given out at the same address is not taken
+    # for a block (the mapping lives as long as any tensor over it)
+    weakref.finalize(mapping, _blocks.pop, address, None)
     start = -whole.data_ptr() % HUGE_PAGE
     return whole[start : start + nbytes]
 

@@ -121,3 +121,19 @@ def test_weights_already_in_a_block_are_not_moved_again(thp_on):
     assert move_to_huge_pages(m) > 0
     ptr = m.a.weight.data_ptr()
     assert move_to_huge_pages(m) == 0 and m.a.weight.data_ptr() == ptr
+
+
+def test_a_freed_block_is_forgotten():
+    import gc
+
+    pages = huge_pages
+    block = pages.huge_page_buffer(1 << 20).view(torch.float32)
+    address = block.untyped_storage().data_ptr()
+    assert pages.in_huge_page_block(block) and address in pages._blocks
+    view = block[:16]
+    del block
+    gc.collect()
+    assert address in pages._blocks  # a view keeps the mapping
+    del view
+    gc.collect()
+    assert address not in pages._blocks

@@ -14,7 +14,7 @@ kernel releases when a process dies, so a killed build never leaves a lock that 
 place, so a reader never sees half a file.
 
 ``GRAPHRT_NATIVE=0`` skips the library: every op then runs its portable torch body. A failed build
-warns once and does the same. ``GRAPHRT_CPU_ISA`` (``avx512``, ``avx2``, ``portable``) asks the
+warns once and does the same. ``GRAPHRT_CPU_ISA`` (``vnni``, ``avx512``, ``avx2``, ``portable``) asks the
 library for a narrower instruction set than the CPU's widest (the others are tested that way).
 ``GRAPHRT_CPU_TUNING`` (``amd``, ``intel``) overrides how weights are streamed, chosen by the CPU's
 vendor by default (a non-temporal single stream on AMD, prefetched row pairs elsewhere: each
@@ -38,7 +38,7 @@ import torch
 
 NATIVE_DIR = pathlib.Path(__file__).parent / "native"
 SOURCES = ("isa_kernels.cpp", "ops.cpp", "sampling.cpp", "c_shims.cpp")
-ISAS = ("amx", "avx512", "avx2", "portable")
+ISAS = ("amx", "vnni", "avx512", "avx2", "portable")
 LIBRARY = "libgraphrt_cpu.so"
 
 

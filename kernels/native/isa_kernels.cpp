@@ -4,7 +4,9 @@
 // each with its vector width and the skinny GEMM's register tiles (GRT_SMALL_*: weight rows x
 // activation rows for 2-4 rows; GRT_WIDE_*: for more, sized to the register file; measured with
 // `graphrt bench kernels`):
-// amx (avx512 plus AMX tiles: bf16 products of 2-16 rows, quantized ones of 6-8), avx512 (AVX-512F/BW + FMA), avx2 (AVX2 + FMA) and portable (the compiler's baseline). Each
+// amx (vnni plus AMX tiles: bf16 products of 2-16 rows, quantized ones of 6-8), vnni (avx512 plus
+// AVX512-VNNI's integer dot product for quantized weights at 1-5 rows), avx512 (AVX-512F/BW + FMA),
+// avx2 (AVX2 + FMA) and portable (the compiler's baseline). Each
 // x86 namespace is compiled under `#pragma GCC target`, so one library runs on any x86-64 CPU and
 // uses the widest vectors it has. No torch headers here: this file compiles in a second.
 
@@ -146,6 +148,14 @@ static void gemm_bf16(const uint32_t* pairs, const void* w, float* y, int64_t M,
 }  // namespace amx
 #pragma GCC pop_options
 
+// Quantized weights times 1-5 activation rows on AVX512-VNNI's integer dot product.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+namespace vnni {
+#include "vnni_quant_gemm.h"
+}  // namespace vnni
+#pragma GCC pop_options
+
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
@@ -199,6 +209,8 @@ static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, Atte
   k.pack_pairs = nullptr;
   k.pack_parts = nullptr;
   k.quant_gemm_amx = nullptr;
+  k.vnni_pack = nullptr;
+  k.quant_gemm_vnni = nullptr;
   k.gemm_f32 = gf;
   k.gemm_bf16 = gb;
   k.attend_f32 = af;
@@ -226,7 +238,8 @@ static bool supported(const char* isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   if (std::strcmp(isa, "amx") == 0)
-    return supported("avx512") && __builtin_cpu_supports("avx512bf16") && amx_usable();
+    return supported("vnni") && __builtin_cpu_supports("avx512bf16") && amx_usable();
+  if (std::strcmp(isa, "vnni") == 0) return supported("avx512") && __builtin_cpu_supports("avx512vnni");
   if (std::strcmp(isa, "avx512") == 0)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
@@ -235,11 +248,11 @@ static bool supported(const char* isa) {
   return std::strcmp(isa, "portable") == 0;
 }
 
-// The widest set this CPU runs; GRAPHRT_CPU_ISA=avx2|portable asks for a narrower one (to test
+// The widest set this CPU runs; GRAPHRT_CPU_ISA=vnni|avx512|avx2|portable asks for a narrower one (to test
 // the paths a CPU without AVX-512 takes). A set the CPU lacks is never chosen.
 static IsaKernels choose() {
   const char* wanted = std::getenv("GRAPHRT_CPU_ISA");
-  const char* order[] = {"amx", "avx512", "avx2", "portable"};
+  const char* order[] = {"amx", "vnni", "avx512", "avx2", "portable"};
   bool allowed = wanted == nullptr || *wanted == '\0';
   for (const char* isa : order) {
     if (!allowed && std::strcmp(isa, wanted) == 0) allowed = true;
@@ -253,12 +266,18 @@ static IsaKernels choose() {
       k.pack_pairs = amx::pack_pairs;
       k.pack_parts = amx::pack_parts;
       k.quant_gemm_amx = amx::quant_gemm;
+      k.vnni_pack = vnni::vnni_pack;
+      k.quant_gemm_vnni = vnni::vnni_quant_gemm;
       return k;
     }
-    if (std::strcmp(isa, "avx512") == 0) {
-      IsaKernels k = make("avx512", avx512::gemm_f32, avx512::gemm_bf16, avx512::attend_f32, avx512::attend_bf16, avx512::qgemm,
+    if (std::strcmp(isa, "vnni") == 0 || std::strcmp(isa, "avx512") == 0) {
+      IsaKernels k = make(isa, avx512::gemm_f32, avx512::gemm_bf16, avx512::attend_f32, avx512::attend_bf16, avx512::qgemm,
                     avx512::dequant, avx512::argmax);
       if (__builtin_cpu_supports("avx512bf16")) k.gemm_bf16_dot = avx512bf16::gemm_bf16_dot;
+      if (std::strcmp(isa, "vnni") == 0) {
+        k.vnni_pack = vnni::vnni_pack;
+        k.quant_gemm_vnni = vnni::vnni_quant_gemm;
+      }
       return k;
     }
     if (std::strcmp(isa, "avx2") == 0)

@@ -63,6 +63,19 @@ inline int64_t amx_parts_size(int64_t M, int64_t K) { return K / 32 * 16 * kAmxQ
 inline int64_t amx_sums_size(int64_t K) { return K / 32 * 16; }  // sums [K/32][M] or scales [K/32][16]
 inline int64_t amx_quant_scratch(int64_t K) { return 2 * 16 * (K / 32) + (kAmxQuantLag + 1) * 512; }
 
+// The VNNI path (vnni_quant_gemm.h): 1 to kVnniMaxRows rows of x fp32 [M, K] packed once a call
+// into int8 digits, vnni_row_bytes(K, bits) a row (64-byte aligned), then y over output columns
+// [n0, n1) (null without AVX512-VNNI). At 6-8 rows AMX tiles take over where the CPU has them.
+using VnniPackFn = void (*)(const float* x, uint8_t* packed, int64_t M, int64_t K, int bits);
+using VnniQuantGemmFn = void (*)(const uint8_t* packed, const QuantRows& w, float* y, int64_t M, int64_t N,
+                                 int64_t n0, int64_t n1);
+constexpr int64_t kVnniMaxRows = 5;
+inline int64_t vnni_row_bytes(int64_t K, int bits) {
+  const int64_t blocks = K / 32;
+  if (bits == 4) return (blocks + 3) / 4 * 320 + (blocks + 15) / 16 * 64;  // records, then the sums
+  return (blocks + 1) / 2 * 256;
+}
+
 // One slice of a logits row, reduced for greedy sampling (greedy.h): its maximum, sum(exp(x -
 // max)), the first index of the maximum and of a NaN (-1: none; with a NaN, max and sum are not set).
 struct ArgmaxPart {
@@ -83,6 +96,8 @@ struct IsaKernels {
   QuantGemmFn quant_gemm;
   AmxPackPartsFn pack_parts;
   AmxQuantGemmFn quant_gemm_amx;
+  VnniPackFn vnni_pack;
+  VnniQuantGemmFn quant_gemm_vnni;
   DequantFn dequantize;
   ArgmaxFn argmax_sumexp;
 };

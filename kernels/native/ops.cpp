@@ -205,10 +205,18 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
     });
   } else if (M > 0) {
     // Blocks of 4 output rows, as graphrt::linear; a quantized row is a quarter to half the bytes.
+    // 1-5 rows on VNNI CPUs: the activations as int8 digits, packed by each thread (as above).
+    const bool vnni = isa.quant_gemm_vnni != nullptr && M <= kVnniMaxRows;
     const int64_t blocks = (N + 3) / 4;
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, 2 * K));
     at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-      isa.quant_gemm(xp, w, yp, M, N, b0 * 4, std::min(N, b1 * 4), thread_scratch(scratch_size));
+      const int64_t n0 = b0 * 4, n1 = std::min(N, b1 * 4);
+      if (!vnni) return isa.quant_gemm(xp, w, yp, M, N, n0, n1, thread_scratch(scratch_size));
+      // 64-byte aligned: the kernel's loads of a record are aligned ones
+      float* raw = thread_scratch(M * vnni_row_bytes(K, w.bits) / 4 + 16);
+      uint8_t* packed = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 63) & ~uintptr_t(63));
+      isa.vnni_pack(xp, packed, M, K, w.bits);
+      isa.quant_gemm_vnni(packed, w, yp, M, N, n0, n1);
     });
   }
   if (bias.has_value() && bias->defined()) y.add_(bias->to(at::kFloat));

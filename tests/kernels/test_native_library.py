@@ -88,7 +88,8 @@ def run_check(env: dict) -> dict:
 @pytest.mark.parametrize(
     "env,isa",
     [
-        ({"GRAPHRT_CPU_ISA": "avx512"}, "avx512"),  # without AMX tiles (where the CPU has them)
+        ({"GRAPHRT_CPU_ISA": "vnni"}, "vnni"),  # without AMX tiles (where the CPU has them)
+        ({"GRAPHRT_CPU_ISA": "avx512"}, "avx512"),  # without AMX tiles or the VNNI dot product
         ({"GRAPHRT_CPU_ISA": "avx2"}, "avx2"),
         ({"GRAPHRT_CPU_ISA": "portable"}, "portable"),
         ({"GRAPHRT_NATIVE": "0"}, None),
@@ -103,15 +104,20 @@ def test_each_path_matches_the_reference(env, isa):
         assert result["isa"] in native_library.ISAS
         if _cpu_has("amx_tile", "amx_bf16", "amx_int8", "avx512_bf16"):  # bf16 products of 2-16 rows on tiles
             assert result["isa"] == "amx"
+    elif isa == "vnni" and not _cpu_has("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"):
+        assert result["isa"] in ("avx512", "avx2", "portable")  # a set the CPU lacks is never chosen
     elif isa == "avx512" and not _cpu_has("avx512f", "avx512bw", "avx512vl", "avx512dq"):
-        assert result["isa"] in ("avx2", "portable")  # a set the CPU lacks is never chosen
+        assert result["isa"] in ("avx2", "portable")
     else:
         assert result["isa"] == isa
     for name, err in result["errs"].items():
         tol = 1e-5 if "float32" in name or name.startswith("dequantize") else 3e-2
-        if isa == "widest" and re.match(r"int8 torch.float32 [678]x", name):
-            # int8 tiles carry each block of 32 activations as two int8 slices, within 2^-15.9 of
-            # its largest (test_quantized.py bounds it per element); a lost slice is about 5e-3
+        tiles = result["isa"] == "amx" and re.match(r"int8 torch.float32 [678]x", name)
+        dot = result["isa"] in ("amx", "vnni") and re.match(r"int[48] torch.float32 [1-5]x", name)
+        if tiles or dot:
+            # int8 tiles (6-8 rows) and the VNNI dot product (1-5 rows) carry each block of 32
+            # activations as two int8 digits, within 2^-15 of its largest (test_quantized.py
+            # bounds it per element); a lost digit is about 5e-3
             tol = 1e-4
         assert err <= tol, (name, err)
 

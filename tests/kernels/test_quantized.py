@@ -43,10 +43,10 @@ def test_linear_quantized_matches_gguf_dequantised_matmul(kind, dtype):
             got = kernels.linear_quantized(x, q.qweight, q.scales, q.mins, bias)
             assert got.shape == (m, n) and got.dtype == dtype
             # fp32: the weights are exactly gguf's (one fused rounding apart), sums reordered;
-            # bf16: one rounding of the output (2^-8) plus slack. int8 weights at 6-8 rows carry
-            # the activations as int8 slices on AMX CPUs: bounded per element below instead.
-            if kind == "Q8_0" and 6 <= m <= 8 and dtype == torch.float32:
-                bound = slice_bound(x, w) + (0 if bias is None else bias.abs().double() * 2.0**-23)
+            # bf16: one rounding of the output (2^-8) plus slack. Where the activations go into
+            # an integer product as int8 digits: bounded per element below instead.
+            if dtype == torch.float32 and carries_digits(kind, m):
+                bound = digit_bound(x, w, integer_part(q, w)) + (0 if bias is None else bias.abs().double() * 2.0**-23)
                 assert ((got.double() - want).abs() <= bound).all(), (kind, n, k, m)
                 continue
             tol = 2e-5 if dtype == torch.float32 else 1e-2
@@ -59,12 +59,34 @@ def block_max(x: torch.Tensor) -> torch.Tensor:
     return blocks.expand(-1, -1, 32).reshape(x.shape)
 
 
-def slice_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """What int8 weights at 6-8 rows may differ from the exact product by: each activation within
-    2^-15.9 of its block's largest (two int8 slices, ``amx_int8_gemm.h``), plus the fp32 sums'
-    K * 2^-23 * sum|w x|."""
+def carries_digits(kind: str, m: int) -> bool:
+    """Whether m activation rows times `kind` weights reach an integer product on this CPU, each
+    block of 32 activations as two int8 digits: 1-5 rows on AVX512-VNNI (vnni_quant_gemm.h), and
+    int8 weights at 6-8 rows on AMX tiles (amx_int8_gemm.h). Elsewhere the products are fp32."""
+    isa = kernels.NATIVE_ISA
+    return (isa in ("amx", "vnni") and m <= 5) or (isa == "amx" and kind == "Q8_0" and 6 <= m <= 8)
+
+
+def integer_part(q, w: torch.Tensor) -> torch.Tensor:
+    """q * scale of each weight: the part the digits multiply (int4's mins meet exact fp32 sums)."""
+    if q.mins is None:
+        return w
+    return w - q.mins.double().repeat_interleave(32, dim=1)
+
+
+def digit_bound(x: torch.Tensor, w: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:
+    """What the outputs may differ from the exact product by where the activations are int8
+    digits: each activation within 2^-15 of its block's largest (2^-15.9 on AMX tiles), times the
+    weights' integer part qs, plus the fp32 sums' K * 2^-23 * sum |x| (|w| + |qs|)."""
     k = x.shape[-1]
-    return block_max(x) @ w.abs().T * 2.0**-15.9 + (x.double().abs() @ w.abs().T) * k * 2.0**-23
+    magnitude = x.double().abs() @ (w.abs() + qs.abs()).T
+    return block_max(x) @ qs.abs().T * 2.0**-15 + magnitude * k * 2.0**-23
+
+
+def one_digit(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The product with each block of activations as one int8 digit (llama.cpp's int8 activations)."""
+    scale = block_max(x) / 127
+    return torch.where(scale > 0, torch.round(x.double() / torch.where(scale > 0, scale, 1)) * scale, 0.0) @ w.T
 
 
 @pytest.mark.parametrize("kind", ("Q4_0", "Q4_1"))
@@ -88,10 +110,31 @@ def test_six_to_eight_int4_rows_keep_sixteen_bits_of_each_activation(kind):
             assert ((rounded - exact).abs() > bound).any()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_to_five_rows_keep_fifteen_bits_of_each_blocks_largest_activation(kind):
+    # On AVX512-VNNI CPUs 1-5 rows of quantized weights run on the integer dot product with each
+    # block of 32 activations as two int8 digits (within 2^-15 of the block's largest); elsewhere
+    # the vector kernel's fp32. Either way every output is within digit_bound of the exact
+    # product, over activations spanning 2^-20..2^20, an all-zero block and one below 2^-100, with
+    # block counts that fill a group of blocks and ones that leave it ragged. One digit alone
+    # breaks the bound, as does a lost digit, a misplaced nibble or a block's wrong scale.
+    for n, k in [(35, 576), (577, 1536), (16, 96), (9, 160)]:
+        q, w = gguf_matrix(n, k, kind, seed=n)
+        for m in (1, 2, 3, 4, 5):
+            x = spread_activations(m, k)
+            x[0, :32] = 0.0  # an all-zero block
+            x[-1, 32:64] = torch.randn(32) * 2.0**-115  # below 2^-100: an absolute error under 2^-116
+            got = kernels.linear_quantized(x, q.qweight, q.scales, q.mins, None).double()
+            exact = x.double() @ w.T
+            bound = digit_bound(x, w, integer_part(q, w))
+            assert ((got - exact).abs() <= bound).all(), (kind, n, k, m, ((got - exact).abs() - bound).max())
+            assert ((one_digit(x, w) - exact).abs() > bound).any()
+
+
 def test_six_to_eight_int8_rows_keep_sixteen_bits_of_each_blocks_largest_activation():
     # On AMX CPUs 6-8 rows of int8 run on int8 tiles with each block of 32 activations as two
     # int8 slices (within 2^-15.9 of the block's largest); elsewhere the vector kernel's fp32.
-    # Either way every output is within slice_bound of the exact product, over activations
+    # Either way every output is within digit_bound of the exact product, over activations
     # spanning 2^-20..2^20 and blocks of tiny, zero and mixed-sign values. One slice alone (int8
     # activations, as llama.cpp's) breaks the bound, as does a lost slice or a misplaced quad.
     for n, k in [(35, 576), (577, 1536), (16, 96)]:
@@ -102,24 +145,27 @@ def test_six_to_eight_int8_rows_keep_sixteen_bits_of_each_blocks_largest_activat
             x[1, 32:64] *= 2.0**-130  # a block below the normal range's slices
             got = kernels.linear_quantized(x, q.qweight, q.scales, q.mins, None).double()
             exact = x.double() @ w.T
-            bound = slice_bound(x, w)
+            bound = digit_bound(x, w, w)
             assert ((got - exact).abs() <= bound).all(), (n, k, m, ((got - exact).abs() - bound).max())
-            scale = block_max(x) / 127
-            one_slice = torch.where(scale > 0, torch.round(x.double() / scale) * scale, 0.0) @ w.T
-            assert ((one_slice - exact).abs() > bound).any()
+            assert ((one_digit(x, w) - exact).abs() > bound).any()
 
 
-def test_int8_rows_carry_non_finite_activations_to_their_own_row():
+@pytest.mark.parametrize("kind", ("Q4_1", "Q8_0"))
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_rows_carry_non_finite_activations_to_their_own_row(kind, m):
     # A NaN or an infinity in one activation row makes that row's outputs NaN (fp32 would give NaN
     # or an infinity); the other rows are untouched.
-    q, w = gguf_matrix(48, 96, "Q8_0", seed=3)
+    q, w = gguf_matrix(48, 96, kind, seed=3)
+    bad_row = m // 2
     for bad in (float("nan"), float("inf")):
-        x = torch.randn(8, 96, generator=torch.Generator().manual_seed(2))
-        x[3, 40] = bad
+        x = torch.randn(m, 96, generator=torch.Generator().manual_seed(2))
+        x[bad_row, 40] = bad
         got = kernels.linear_quantized(x, q.qweight, q.scales, q.mins, None).double()
-        assert not torch.isfinite(got[3]).any()
-        rows = [r for r in range(8) if r != 3]
-        assert ((got[rows] - x[rows].double() @ w.T).abs() <= slice_bound(x[rows], w)).all()
+        assert not torch.isfinite(got[bad_row]).any()
+        rows = [r for r in range(m) if r != bad_row]
+        if rows:
+            bound = digit_bound(x[rows], w, integer_part(q, w))
+            assert ((got[rows] - x[rows].double() @ w.T).abs() <= bound).all()
 
 
 def spread_activations(m: int, k: int) -> torch.Tensor:

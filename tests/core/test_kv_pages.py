@@ -5,6 +5,10 @@ import torch
 
 from graphrt.runner.kv_cache import _zeros, fault_in_pages, peak_growth
 
+# 33 MiB of fp32: above glibc's largest mmap threshold (32 MiB), so the allocation is fresh pages
+# from the OS, never a chunk of the heap an earlier test freed (whose pages are resident already)
+FRESH = (528, 16, 8, 128)
+
 
 def _owned_fraction(t: torch.Tensor) -> float:
     """The share of the tensor's pages the process owns, from ``/proc/self/pagemap`` (bit 56,
@@ -19,9 +23,8 @@ def _owned_fraction(t: torch.Tensor) -> float:
 
 
 def test_fault_in_pages_makes_every_page_resident_and_keeps_the_values():
-    # Arrange: 32 + 16 MiB of cache whose pages the OS has not provided yet, a few values written
-    shape = (512, 16, 8, 128)  # 32 MiB of fp32
-    k, v = _zeros(shape, torch.float32), _zeros(shape, torch.bfloat16)
+    # Arrange: 2 x 33 MiB of cache whose pages the OS has not provided yet, a few values written
+    k, v = _zeros(FRESH, torch.float32), _zeros((2 * FRESH[0], *FRESH[1:]), torch.bfloat16)
     allocated = _owned_fraction(k), _owned_fraction(v)
     k[3, 5] = 1.5
     v[-1, -1, -1, -1] = -2.0
@@ -36,7 +39,7 @@ def test_fault_in_pages_makes_every_page_resident_and_keeps_the_values():
 
 def test_a_cache_left_alone_stays_unfaulted():
     # the negative case: without the call, the untouched cache costs no pages, and a read none either
-    k = _zeros((512, 16, 8, 128), torch.float32)
+    k = _zeros(FRESH, torch.float32)
     assert _owned_fraction(k) < 1 / 8
     assert float(k[100].abs().sum()) == 0.0  # a read maps the shared zero page, not new memory
     assert _owned_fraction(k) < 1 / 8

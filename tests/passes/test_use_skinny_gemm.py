@@ -124,9 +124,11 @@ def test_quantized_projections_of_few_rows_read_the_quantized_bytes(dtype):
     assert count(rec.after, QOP) == 2 and dequantizes(rec.after) == 0 and count(rec.after, LINEAR) == 0
     assert rec.results["use_skinny_gemm"].matched == 2
     # bf16: eager rounds the dequantised weights to bf16, the kernel keeps them fp32: compare
-    # relative to the output's scale
+    # relative to the output's scale. fp32: on VNNI CPUs the 4 rows' activations go into an
+    # integer product as two int8 digits a block, within 2^-15 of its largest (test_quantized.py
+    # bounds that per element; a lost digit is about 5e-3 here)
     err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-    assert err <= (1e-5 if dtype == torch.float32 else 2e-2), err
+    assert err <= (1e-4 if dtype == torch.float32 else 2e-2), err
 
 
 def test_quantized_prefill_keeps_the_dequantize_spelling_and_a_disabled_pass_changes_nothing():

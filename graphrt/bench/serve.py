@@ -199,7 +199,7 @@ def bench_serve(
     settings = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": 256}
     llm = LLM(model, dtype=dtype, graph_cache=graph_cache, progress=False, **settings)  # compiles what is missing
     prompts = _prompts(llm.tokenizer, requests)
-    # Each side first runs the whole workload once: the KV cache is allocated untouched (calloc),
+    # Each side first runs the whole workload once: the KV cache is allocated untouched (fresh pages),
     # and the first pass over its pages pays their page faults (measured: 20-30% of a pass).
     # Then the two alternate, ``rounds`` times each, and the medians are compared: this machine's
     # speed drifts by 10-20% within minutes.

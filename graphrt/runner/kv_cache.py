@@ -5,13 +5,13 @@ from __future__ import annotations
 import ctypes
 import gc
 import math
+import mmap
 import os
 import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import numpy as np
 import torch
 
 from graphrt.models.config import ModelConfig
@@ -158,18 +158,21 @@ def allocate_kv_caches(
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, huge_pages: bool = False) -> torch.Tensor:
-    """Zeros whose pages the OS provides on first touch (numpy's calloc), so a KV cache of
-    gigabytes is allocated at once instead of being written through at start-up. ``huge_pages``:
-    in 2 MiB pages where the kernel grants them (``huge_pages.py``): attention reads a step's K/V cold, and in
-    4 KiB pages each of them is a TLB miss too (SmolLM2 fp32, batch 1 at 480-544 tokens: 46-48
-    against 51-52 µs an attention call, two alternated pairs of `graphrt bench decode` runs)."""
+    """Zeros whose pages the OS provides on first touch, so a KV cache of gigabytes is allocated at
+    once instead of being written through at start-up: an anonymous mapping of its own (the
+    tensor keeps it alive), never memory the process freed before, whose pages are resident
+    already and which calloc then writes through (as numpy's zeros did in a long-running process:
+    a second engine's caches). ``huge_pages``: in 2 MiB pages where the kernel grants them
+    (``huge_pages.py``): attention reads a step's K/V cold, and in 4 KiB pages each of them is a TLB
+    miss too (SmolLM2 fp32, batch 1 at 480-544 tokens: 46-48 against 51-52 µs an attention call,
+    two alternated pairs of `graphrt bench decode` runs)."""
     nbytes = math.prod(shape) * dtype.itemsize
     if huge_pages and nbytes >= pages.MIN_BYTES and pages.huge_pages_available():
         return pages.huge_page_buffer(nbytes).view(dtype).view(shape)
-    if dtype.is_floating_point and dtype.itemsize in (2, 4):
-        raw = np.zeros(shape, dtype=np.int16 if dtype.itemsize == 2 else np.int32)
-        return torch.from_numpy(raw).view(dtype)  # all-zero bits are 0.0
-    return torch.zeros(shape, dtype=dtype)
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(mapping, dtype=torch.uint8).view(dtype).view(shape)  # all-zero bits are 0
 
 
 def fault_in_pages(caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:

@@ -110,7 +110,7 @@ def test_a_kv_cache_takes_huge_pages_when_asked_and_large_enough():
     assert anon_huge_kib(k.data_ptr()) >= expected
     # a huge-page block is its own mapping, one huge page longer than asked (the alignment's slack)
     assert k.untyped_storage().nbytes() == k.numel() * 4 + HUGE_PAGE
-    for t in (small, plain):  # numpy's calloc, as without huge pages
+    for t in (small, plain):  # a mapping of exactly the bytes, as without huge pages
         assert t.untyped_storage().nbytes() == t.numel() * 4
     assert float(k.sum()) == k.numel() and float(small.sum()) == small.numel()
 

@@ -1,13 +1,12 @@
 import os
 import struct
 
+import numpy as np
 import torch
 
 from graphrt.runner.kv_cache import _zeros, fault_in_pages, peak_growth
 
-# 33 MiB of fp32: above glibc's largest mmap threshold (32 MiB), so the allocation is fresh pages
-# from the OS, never a chunk of the heap an earlier test freed (whose pages are resident already)
-FRESH = (528, 16, 8, 128)
+FRESH = (512, 16, 8, 128)  # 32 MiB of fp32
 
 
 def _owned_fraction(t: torch.Tensor) -> float:
@@ -23,7 +22,7 @@ def _owned_fraction(t: torch.Tensor) -> float:
 
 
 def test_fault_in_pages_makes_every_page_resident_and_keeps_the_values():
-    # Arrange: 2 x 33 MiB of cache whose pages the OS has not provided yet, a few values written
+    # Arrange: 2 x 32 MiB of cache whose pages the OS has not provided yet, a few values written
     k, v = _zeros(FRESH, torch.float32), _zeros((2 * FRESH[0], *FRESH[1:]), torch.bfloat16)
     allocated = _owned_fraction(k), _owned_fraction(v)
     k[3, 5] = 1.5
@@ -43,6 +42,19 @@ def test_a_cache_left_alone_stays_unfaulted():
     assert _owned_fraction(k) < 1 / 8
     assert float(k[100].abs().sum()) == 0.0  # a read maps the shared zero page, not new memory
     assert _owned_fraction(k) < 1 / 8
+
+
+def test_a_cache_never_reuses_memory_the_process_freed():
+    # Arrange: a long-running process has written and freed 16 MiB (calloc would hand those
+    # resident pages back, written through with zeros: numpy's zeros did)
+    n = 16 * 2**20 // 4
+    for _ in range(2):
+        written = np.ones(n, dtype=np.int32)
+        del written
+    # Act
+    k = _zeros((n,), torch.float32)
+    # Assert
+    assert _owned_fraction(k) < 1 / 8 and float(k.abs().sum()) == 0.0
 
 
 def test_peak_growth_measures_a_step_below_an_earlier_higher_peak():

@@ -15,10 +15,10 @@
 // taken back below). The activations become int8, as in amx_int8_gemm.h: each block of 32 of a
 // row is split into two int8 digits under the block's scale s = max|x| / 127,
 //
-//   x = s * (p0 + p1 / 256) + e,   p0, p1 in [-127, 127],   |e| <= 2^-15 * max|x over the block|
+//   x = s * (p0 + p1 / 256) + e,   p0 in [-127, 127], p1 in [-128, 127],   |e| <= 2^-15 * max|x over the block|
 //
-// (p1 = round(256 * (x / s - p0)) saturates at 127 only when that rest is exactly 1/2; otherwise
-// |e| <= 2^-16 of the block's largest). Each block's products are exact in int32: per lane
+// (p1 = round(256 * (x / s - p0)) saturates at 127 only when that rest is within 1/512 of +1/2;
+// otherwise |e| <= 2^-16 of the block's largest). Each block's products are exact in int32: per lane
 // 256 * (q . p0) + q . p1 over four (int8) or eight (int4) products, below 2^24, so its conversion to
 // fp32 is exact too. Each block is then scaled in fp32 by the weight's scale times s / 256.
 //

@@ -143,7 +143,8 @@ static inline void vnni_tile(const uint8_t* packed, const QuantRows& w, float* y
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t rem = std::min<int64_t>(L::kBlocks, blocks - g * L::kBlocks);
     const bool full = rem == L::kBlocks;
-    const __mmask64 bytes_mask = (__mmask64(1) << (rem * 32 * BITS / 8)) - 1;  // rem < kBlocks
+    // the ragged last group's bytes (a full group's mask is unused: its shift would be 64)
+    const __mmask64 bytes_mask = full ? ~__mmask64(0) : (__mmask64(1) << (rem * 32 * BITS / 8)) - 1;
     __m512i lo[NB], hi[NB];
     __m512 ws[NB];
 #pragma GCC unroll 4
@@ -157,8 +158,11 @@ static inline void vnni_tile(const uint8_t* packed, const QuantRows& w, float* y
         halves = _mm_maskz_loadu_epi16(__mmask8((1u << rem) - 1), h);
       else if constexpr (BITS == 4)
         halves = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(h));
-      else
-        halves = _mm_cvtsi32_si128(*reinterpret_cast<const int32_t*>(h));
+      else {
+        int32_t two;  // the two blocks' float16 scales
+        std::memcpy(&two, h, sizeof two);
+        halves = _mm_cvtsi32_si128(two);
+      }
       ws[r] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_cvtph_ps(halves)));
       if constexpr (BITS == 4) {
         lo[r] = _mm512_and_si512(bytes, nibble);

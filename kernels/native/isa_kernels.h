@@ -70,10 +70,13 @@ using VnniPackFn = void (*)(const float* x, uint8_t* packed, int64_t M, int64_t 
 using VnniQuantGemmFn = void (*)(const uint8_t* packed, const QuantRows& w, float* y, int64_t M, int64_t N,
                                  int64_t n0, int64_t n1);
 constexpr int64_t kVnniMaxRows = 5;
+// A row's records, one per group of blocks (64 weight bytes a row: four int4 blocks, two int8)
+constexpr int64_t vnni_group_blocks(int bits) { return bits == 4 ? 4 : 2; }
+constexpr int64_t vnni_record_bytes(int bits) { return bits == 4 ? 320 : 256; }
 inline int64_t vnni_row_bytes(int64_t K, int bits) {
-  const int64_t blocks = K / 32;
-  if (bits == 4) return (blocks + 3) / 4 * 320 + (blocks + 15) / 16 * 64;  // records, then the sums
-  return (blocks + 1) / 2 * 256;
+  const int64_t blocks = K / 32, groups = (blocks + vnni_group_blocks(bits) - 1) / vnni_group_blocks(bits);
+  const int64_t sums = bits == 4 ? (blocks + 15) / 16 * 64 : 0;  // int4: the blocks' sums, after the records
+  return groups * vnni_record_bytes(bits) + sums;
 }
 
 // One slice of a logits row, reduced for greedy sampling (greedy.h): its maximum, sum(exp(x -

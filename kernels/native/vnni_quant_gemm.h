@@ -39,8 +39,8 @@ constexpr float kVnniTiny = 0x1p-100f;
 
 template <int BITS>
 struct VnniLayout {
-  static constexpr int64_t kBlocks = BITS == 4 ? 4 : 2;    // blocks a group (64 weight bytes a row)
-  static constexpr int64_t kRecord = BITS == 4 ? 320 : 256;  // bytes of a row's group record
+  static constexpr int64_t kBlocks = graphrt_native::vnni_group_blocks(BITS);  // blocks a group
+  static constexpr int64_t kRecord = graphrt_native::vnni_record_bytes(BITS);  // bytes of a row's group record
 };
 
 // x fp32 [M, K] → M rows of graphrt_native::vnni_row_bytes(K, BITS) bytes each (64-byte aligned).

@@ -63,13 +63,14 @@ inline int64_t amx_parts_size(int64_t M, int64_t K) { return K / 32 * 16 * kAmxQ
 inline int64_t amx_sums_size(int64_t K) { return K / 32 * 16; }  // sums [K/32][M] or scales [K/32][16]
 inline int64_t amx_quant_scratch(int64_t K) { return 2 * 16 * (K / 32) + (kAmxQuantLag + 1) * 512; }
 
-// The VNNI path (vnni_quant_gemm.h): 1 to kVnniMaxRows rows of x fp32 [M, K] packed once a call
-// into int8 digits, vnni_row_bytes(K, bits) a row (64-byte aligned), then y over output columns
-// [n0, n1) (null without AVX512-VNNI). At 6-8 rows AMX tiles take over where the CPU has them.
+// The VNNI path (vnni_quant_gemm.h): 1 to kVnniMaxRows rows of x fp32 [M, K] (kVnniMaxRowsNoAmx
+// on a CPU without AMX tiles, which take 6-8 rows where they exist) packed once a call into int8
+// digits, vnni_row_bytes(K, bits) a row (64-byte aligned), then y over output columns [n0, n1)
+// (null without AVX512-VNNI); register tiles of up to kVnniTileRows activation rows.
 using VnniPackFn = void (*)(const float* x, uint8_t* packed, int64_t M, int64_t K, int bits);
 using VnniQuantGemmFn = void (*)(const uint8_t* packed, const QuantRows& w, float* y, int64_t M, int64_t N,
                                  int64_t n0, int64_t n1);
-constexpr int64_t kVnniMaxRows = 5;
+constexpr int64_t kVnniMaxRows = 5, kVnniMaxRowsNoAmx = 16, kVnniTileRows = 8;
 // A row's records, one per group of blocks (64 weight bytes a row: four int4 blocks, two int8)
 constexpr int64_t vnni_group_blocks(int bits) { return bits == 4 ? 4 : 2; }
 constexpr int64_t vnni_record_bytes(int bits) { return bits == 4 ? 320 : 256; }

@@ -205,8 +205,10 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
     });
   } else if (M > 0) {
     // Blocks of 4 output rows, as graphrt::linear; a quantized row is a quarter to half the bytes.
-    // 1-5 rows on VNNI CPUs: the activations as int8 digits, packed by each thread (as above).
-    const bool vnni = isa.quant_gemm_vnni != nullptr && M <= kVnniMaxRows;
+    // On VNNI CPUs 1-5 rows (1-16 without AMX tiles): the activations as int8 digits, packed by
+    // each thread (as above).
+    const bool vnni =
+        isa.quant_gemm_vnni != nullptr && M <= (isa.quant_gemm_amx != nullptr ? kVnniMaxRows : kVnniMaxRowsNoAmx);
     const int64_t blocks = (N + 3) / 4;
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, 2 * K));
     at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {

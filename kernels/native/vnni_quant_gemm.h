@@ -1,4 +1,4 @@
-// The weight-only quantized skinny GEMM of 1 to kVnniMaxRows activation rows on AVX512-VNNI's
+// The weight-only quantized skinny GEMM of decode row counts on AVX512-VNNI's
 // integer dot product (vpdpbusd: 64 unsigned bytes times 64 signed bytes, summed in fours into 16
 // int32 lanes). Included by isa_kernels.cpp in the vnni namespace. Layouts as quant_gemm.h:
 //
@@ -8,8 +8,10 @@
 // the dot product as they are stored, a third of the instructions or fewer: one row of hot int8
 // weights (one 49152x576 matrix called in a loop, two threads) 54-55 GB/s against 32-35, and
 // cold ones (`graphrt bench kernels --rows 1`) int4 19.4-19.5 GB/s against 16.6-16.7; cold int8
-// stays at 21-22 GB/s either way, so the memory stream, not the arithmetic, sets it. The
-// bytes: an int4 row's 64 bytes (four blocks)
+// stays at 21-22 GB/s either way, so the memory stream, not the arithmetic, sets it. On an AMD
+// EPYC without AMX the dot product also takes 6-16 rows (isa_kernels.h): hot, on one core, int4 at
+// 8 rows 110-123 ns a weight row of K = 1536 against the widening kernel's 181-200, int8 the same
+// as it (160-210 either way). The bytes: an int4 row's 64 bytes (four blocks)
 // take two ANDs and a shift to become two vectors of nibbles (0..15, unsigned bytes); an int8 row's
 // 64 bytes (two blocks) one XOR with 0x80 (q + 128, unsigned; the 128 * sum of the activations is
 // taken back below). The activations become int8, as in amx_int8_gemm.h: each block of 32 of a
@@ -110,120 +112,153 @@ static void vnni_pack(const float* x, uint8_t* out, int64_t M, int64_t K, int bi
   vnni_pack_rows<8>(x, out, M, K);
 }
 
-// sum_b min[b] * X[b] over a weight row's blocks (sums padded with zeros to a multiple of 16).
-static inline float mins_dot(const uint16_t* mins, const float* sums, int64_t blocks) {
-  __m512 acc = _mm512_setzero_ps();
+// acc + min[b] * X[b] over a weight row's blocks, lane-wise (sums padded with zeros to a
+// multiple of 16): the row's one horizontal sum then takes the mins with the products.
+static inline __m512 add_mins(__m512 acc, const uint16_t* mins, const float* sums, int64_t blocks) {
   for (int64_t b = 0; b < blocks; b += 16) {
     const int64_t left = blocks - b;
     const __m256i h = left >= 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins + b))
                                  : _mm256_maskz_loadu_epi16(__mmask16((1u << left) - 1), mins + b);
     acc = _mm512_fmadd_ps(_mm512_cvtph_ps(h), _mm512_loadu_ps(sums + b), acc);
   }
-  return _mm512_reduce_add_ps(acc);
+  return acc;
 }
 
-// NB weight rows from n against MB activation rows from m0.
+// One group of blocks (64 bytes of each weight row) of NB weight rows against MB activation rows:
+// q and h at the group's bytes and scales in the first weight row, rec at its record in the first
+// activation row. FULL: all of the group's blocks; otherwise the first `rem` (the ragged last group).
+template <int BITS, int NB, int MB, bool FULL>
+__attribute__((always_inline)) static inline void vnni_group(const uint8_t* q, int64_t row_q, const uint16_t* h,
+                                                             int64_t blocks, const uint8_t* rec, int64_t row_bytes,
+                                                             int64_t rem, int64_t ahead, __m512 (&acc)[MB][NB]) {
+  // lane l's block within the group: l / 4 (int4) or l / 8 (int8)
+  const __m512i spread = BITS == 4 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+                                   : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i nibble = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(char(0x80));
+  __m512i lo[NB], hi[NB];
+  __m512 ws[NB];
+#pragma GCC unroll 4
+  for (int r = 0; r < NB; ++r) {
+    const uint8_t* p = q + r * row_q;
+    __m512i bytes;
+    __m128i halves;
+    if constexpr (FULL) {
+      bytes = _mm512_loadu_si512(p);
+      if constexpr (BITS == 4) {
+        halves = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(h + r * blocks));
+      } else {
+        int32_t two;  // the two blocks' float16 scales
+        std::memcpy(&two, h + r * blocks, sizeof two);
+        halves = _mm_cvtsi32_si128(two);
+      }
+    } else {
+      bytes = _mm512_maskz_loadu_epi8((__mmask64(1) << (rem * 32 * BITS / 8)) - 1, p);
+      halves = _mm_maskz_loadu_epi16(__mmask8((1u << rem) - 1), h + r * blocks);
+    }
+    stream_prefetch(p + ahead);
+    ws[r] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_cvtph_ps(halves)));
+    if constexpr (BITS == 4) {
+      lo[r] = _mm512_and_si512(bytes, nibble);
+      hi[r] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+    } else {
+      lo[r] = _mm512_xor_si512(bytes, flip);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MB; ++i) {
+    const uint8_t* ri = rec + i * row_bytes;
+    const __m512i d0 = _mm512_load_si512(ri), d1 = _mm512_load_si512(ri + 64);
+    if constexpr (BITS == 4) {
+      const __m512i d2 = _mm512_load_si512(ri + 128), d3 = _mm512_load_si512(ri + 192);
+      const __m512 lanes = _mm512_load_ps(reinterpret_cast<const float*>(ri + 256));
+#pragma GCC unroll 4
+      for (int r = 0; r < NB; ++r) {
+        __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], d0), hi[r], d1);
+        a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(a, 8), lo[r], d2), hi[r], d3);
+        acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(ws[r], lanes), acc[i][r]);
+      }
+    } else {
+      const __m512 lanes = _mm512_load_ps(reinterpret_cast<const float*>(ri + 128));
+      const __m512i corrections = _mm512_load_si512(ri + 192);
+#pragma GCC unroll 4
+      for (int r = 0; r < NB; ++r) {
+        __m512i a = _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], d0), 8);
+        a = _mm512_sub_epi32(_mm512_dpbusd_epi32(a, lo[r], d1), corrections);
+        acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(ws[r], lanes), acc[i][r]);
+      }
+    }
+  }
+}
+
+// NB weight rows from n against MB activation rows from m0: the full groups in a loop without a
+// branch, then the ragged last group if there is one. (With the ragged test inside the loop GCC
+// kept the accumulators on the stack, a store and a load each a group: int4 at 8 rows took 171 ns
+// a weight row of K = 1536, hot on one core, against 110-123 now.)
 template <int BITS, int NB, int MB>
 static inline void vnni_tile(const uint8_t* packed, const QuantRows& w, float* y, int64_t N, int64_t n, int64_t m0) {
   using L = VnniLayout<BITS>;
   const int64_t K = w.K, blocks = K / 32, row_q = K * BITS / 8;
-  const int64_t groups = (blocks + L::kBlocks - 1) / L::kBlocks, row_bytes = graphrt_native::vnni_row_bytes(K, BITS);
+  const int64_t groups = (blocks + L::kBlocks - 1) / L::kBlocks, full = blocks / L::kBlocks;
+  const int64_t row_bytes = graphrt_native::vnni_row_bytes(K, BITS);
   const uint8_t* q = static_cast<const uint8_t*>(w.q) + n * row_q;
   const uint16_t* scales = w.scales + n * blocks;
-  const int64_t ahead = graphrt_native::kAmdStreams ? 512 : 8192;  // as quant_gemm.h
-  // lane l's block within the group: l / 4 (int4) or l / 8 (int8)
-  const __m512i spread = BITS == 4 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
-                                   : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m512i nibble = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(char(0x80)), zero = _mm512_setzero_si512();
+  const uint8_t* rec = packed + m0 * row_bytes;
+  // each weight row's bytes 8 KiB ahead, on AMD too (an AMD EPYC, the products of a 30-layer int4
+  // step on cold weights: 4.1-4.3 ms against 4.9-5.2 at quant_gemm.h's 512 bytes, int8 6.4 against 8.4)
+  constexpr int64_t ahead = 8192;
   __m512 acc[MB][NB];
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i)
 #pragma GCC unroll 4
     for (int r = 0; r < NB; ++r) acc[i][r] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t rem = std::min<int64_t>(L::kBlocks, blocks - g * L::kBlocks);
-    const bool full = rem == L::kBlocks;
-    // the ragged last group's bytes (a full group's mask is unused: its shift would be 64)
-    const __mmask64 bytes_mask = full ? ~__mmask64(0) : (__mmask64(1) << (rem * 32 * BITS / 8)) - 1;
-    __m512i lo[NB], hi[NB];
-    __m512 ws[NB];
-#pragma GCC unroll 4
-    for (int r = 0; r < NB; ++r) {
-      const uint8_t* p = q + r * row_q + g * 64;
-      const __m512i bytes = full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(bytes_mask, p);
-      stream_prefetch(p + ahead);
-      const uint16_t* h = scales + r * blocks + g * L::kBlocks;
-      __m128i halves;
-      if (!full)
-        halves = _mm_maskz_loadu_epi16(__mmask8((1u << rem) - 1), h);
-      else if constexpr (BITS == 4)
-        halves = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(h));
-      else {
-        int32_t two;  // the two blocks' float16 scales
-        std::memcpy(&two, h, sizeof two);
-        halves = _mm_cvtsi32_si128(two);
-      }
-      ws[r] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_cvtph_ps(halves)));
-      if constexpr (BITS == 4) {
-        lo[r] = _mm512_and_si512(bytes, nibble);
-        hi[r] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
-      } else {
-        lo[r] = _mm512_xor_si512(bytes, flip);
-      }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i) {
-      const uint8_t* rec = packed + (m0 + i) * row_bytes + g * L::kRecord;
-      const __m512i d0 = _mm512_load_si512(rec), d1 = _mm512_load_si512(rec + 64);
-      if constexpr (BITS == 4) {
-        const __m512i d2 = _mm512_load_si512(rec + 128), d3 = _mm512_load_si512(rec + 192);
-        const __m512 lanes = _mm512_load_ps(reinterpret_cast<const float*>(rec + 256));
-#pragma GCC unroll 4
-        for (int r = 0; r < NB; ++r) {
-          __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[r], d0), hi[r], d1);
-          a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(a, 8), lo[r], d2), hi[r], d3);
-          acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(ws[r], lanes), acc[i][r]);
-        }
-      } else {
-        const __m512 lanes = _mm512_load_ps(reinterpret_cast<const float*>(rec + 128));
-        const __m512i corrections = _mm512_load_si512(rec + 192);
-#pragma GCC unroll 4
-        for (int r = 0; r < NB; ++r) {
-          __m512i a = _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, lo[r], d0), 8);
-          a = _mm512_sub_epi32(_mm512_dpbusd_epi32(a, lo[r], d1), corrections);
-          acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(ws[r], lanes), acc[i][r]);
-        }
-      }
-    }
-  }
+  for (int64_t g = 0; g < full; ++g)
+    vnni_group<BITS, NB, MB, true>(q + g * 64, row_q, scales + g * L::kBlocks, blocks, rec + g * L::kRecord,
+                                   row_bytes, L::kBlocks, ahead, acc);
+  if (full < groups)
+    vnni_group<BITS, NB, MB, false>(q + full * 64, row_q, scales + full * L::kBlocks, blocks,
+                                    rec + full * L::kRecord, row_bytes, blocks - full * L::kBlocks, ahead, acc);
   for (int i = 0; i < MB; ++i) {
-    const float* sums = reinterpret_cast<const float*>(packed + (m0 + i) * row_bytes + groups * L::kRecord);
+    const float* sums = reinterpret_cast<const float*>(rec + i * row_bytes + groups * L::kRecord);
     for (int r = 0; r < NB; ++r) {
-      float v = _mm512_reduce_add_ps(acc[i][r]);
-      if constexpr (BITS == 4) v += mins_dot(w.mins + (n + r) * blocks, sums, blocks);
-      y[(m0 + i) * N + n + r] = v;
+      __m512 a = acc[i][r];
+      if constexpr (BITS == 4) a = add_mins(a, w.mins + (n + r) * blocks, sums, blocks);
+      y[(m0 + i) * N + n + r] = _mm512_reduce_add_ps(a);
     }
   }
 }
 
-// Output columns [n0, n1) for exactly MB rows: weight rows four at a time for one or two
-// activation rows, two for more.
-template <int BITS, int MB>
+// NB weight rows from n against `rows` (at most MB) activation rows from m0, their accumulators in
+// registers.
+template <int BITS, int NB, int MB>
+static inline void vnni_rows(const uint8_t* packed, const QuantRows& w, float* y, int64_t N, int64_t n, int64_t m0,
+                             int64_t rows) {
+  if constexpr (MB > 1) {
+    if (rows < MB) return vnni_rows<BITS, NB, MB - 1>(packed, w, y, N, n, m0, rows);
+  }
+  vnni_tile<BITS, NB, MB>(packed, w, y, N, n, m0);
+}
+
+// Output columns [n0, n1): weight rows four at a time for one or two activation rows; two for
+// more, against up to kVnniTileRows activation rows at a time (the next ones read the same two
+// weight rows again from L1).
+template <int BITS>
 static void vnni_columns(const uint8_t* packed, const QuantRows& w, float* y, int64_t M, int64_t N, int64_t n0,
                          int64_t n1) {
-  if constexpr (MB > 1) {
-    if (M < MB) return vnni_columns<BITS, MB - 1>(packed, w, y, M, N, n0, n1);
-  }
-  constexpr int NB = MB <= 2 ? 4 : 2;
+  constexpr int kTile = int(graphrt_native::kVnniTileRows);
   int64_t n = n0;
-  for (; n + NB <= n1; n += NB) vnni_tile<BITS, NB, MB>(packed, w, y, N, n, 0);
-  for (; n < n1; ++n) vnni_tile<BITS, 1, MB>(packed, w, y, N, n, 0);
+  if (M <= 2) {
+    for (; n + 4 <= n1; n += 4) vnni_rows<BITS, 4, 2>(packed, w, y, N, n, 0, M);
+  } else {
+    for (; n + 2 <= n1; n += 2)
+      for (int64_t m0 = 0; m0 < M; m0 += kTile) vnni_rows<BITS, 2, kTile>(packed, w, y, N, n, m0, std::min<int64_t>(kTile, M - m0));
+  }
+  for (; n < n1; ++n)
+    for (int64_t m0 = 0; m0 < M; m0 += kTile) vnni_rows<BITS, 1, kTile>(packed, w, y, N, n, m0, std::min<int64_t>(kTile, M - m0));
 }
 
-// y over output columns [n0, n1); packed from vnni_pack, M <= kVnniMaxRows.
+// y over output columns [n0, n1); packed from vnni_pack.
 static void vnni_quant_gemm(const uint8_t* packed, const QuantRows& w, float* y, int64_t M, int64_t N, int64_t n0,
                             int64_t n1) {
-  constexpr int kMax = int(graphrt_native::kVnniMaxRows);
-  if (w.bits == 4) return vnni_columns<4, kMax>(packed, w, y, M, N, n0, n1);
-  vnni_columns<8, kMax>(packed, w, y, M, N, n0, n1);
+  if (w.bits == 4) return vnni_columns<4>(packed, w, y, M, N, n0, n1);
+  vnni_columns<8>(packed, w, y, M, N, n0, n1);
 }

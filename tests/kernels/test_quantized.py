@@ -61,10 +61,13 @@ def block_max(x: torch.Tensor) -> torch.Tensor:
 
 def carries_digits(kind: str, m: int) -> bool:
     """Whether m activation rows times `kind` weights reach an integer product on this CPU, each
-    block of 32 activations as two int8 digits: 1-5 rows on AVX512-VNNI (vnni_quant_gemm.h), and
-    int8 weights at 6-8 rows on AMX tiles (amx_int8_gemm.h). Elsewhere the products are fp32."""
+    block of 32 activations as two int8 digits: on AVX512-VNNI (vnni_quant_gemm.h) 1-16 rows, or
+    1-5 where AMX tiles take 6-8 (int8 weights there on int8 tiles, amx_int8_gemm.h). Elsewhere the
+    products are fp32."""
     isa = kernels.NATIVE_ISA
-    return (isa in ("amx", "vnni") and m <= 5) or (isa == "amx" and kind == "Q8_0" and 6 <= m <= 8)
+    if isa == "vnni":
+        return m <= 16
+    return isa == "amx" and (m <= 5 or (kind == "Q8_0" and 6 <= m <= 8))
 
 
 def integer_part(q, w: torch.Tensor) -> torch.Tensor:
@@ -92,7 +95,8 @@ def one_digit(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ("Q4_0", "Q4_1"))
 def test_six_to_eight_int4_rows_keep_sixteen_bits_of_each_activation(kind):
     # On AMX CPUs 6-8 rows of int4 run on bf16 tiles with each activation as two bf16 parts
-    # (within 2^-17 of it); elsewhere the vector kernel's fp32. Either way every output is within
+    # (within 2^-17 of it); on other VNNI CPUs int8 digits (digit_bound); elsewhere the vector
+    # kernel's fp32. Either way every output is within
     # 2^-16 * sum|w x| (the parts) + K * 2^-23 * sum|w x| (fp32 sums) of the exact product, and
     # activations spanning 2^-20..2^20 keep their small members: one bf16 part alone (2^-9)
     # breaks the bound, as does a lost part or a misplaced block order.
@@ -104,23 +108,28 @@ def test_six_to_eight_int4_rows_keep_sixteen_bits_of_each_activation(kind):
             magnitude = x.double().abs() @ w.abs().T
             exact = x.double() @ w.T
             bound = magnitude * (2.0**-16 + k * 2.0**-23)
+            if carries_digits(kind, m):  # VNNI without AMX: int8 digits, the bound of the test below
+                bound = digit_bound(x, w, integer_part(q, w))
             assert ((got - exact).abs() <= bound).all(), (kind, n, k, m, ((got - exact).abs() / magnitude).max())
-            # and the bound is tight enough to see a bf16 rounding of the activations
-            rounded = x.bfloat16().double() @ w.T
+            # and the bound is tight enough to see a bf16 rounding of the activations (one digit
+            # where the activations are digits)
+            rounded = one_digit(x, w) if carries_digits(kind, m) else x.bfloat16().double() @ w.T
             assert ((rounded - exact).abs() > bound).any()
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_one_to_five_rows_keep_fifteen_bits_of_each_blocks_largest_activation(kind):
-    # On AVX512-VNNI CPUs 1-5 rows of quantized weights run on the integer dot product with each
-    # block of 32 activations as two int8 digits (within 2^-15 of the block's largest); elsewhere
-    # the vector kernel's fp32. Either way every output is within digit_bound of the exact
-    # product, over activations spanning 2^-20..2^20, an all-zero block and one below 2^-100, with
-    # block counts that fill a group of blocks and ones that leave it ragged. One digit alone
-    # breaks the bound, as does a lost digit, a misplaced nibble or a block's wrong scale.
+def test_up_to_sixteen_rows_keep_fifteen_bits_of_each_blocks_largest_activation(kind):
+    # On AVX512-VNNI CPUs 1-16 rows of quantized weights (1-5 where AMX tiles take 6-8) run on the
+    # integer dot product with each block of 32 activations as two int8 digits (within 2^-15 of
+    # the block's largest); AMX tiles and the vector kernel keep at least as much. Either way every
+    # output is within digit_bound of the exact product, over activations spanning 2^-20..2^20, an
+    # all-zero block and one below 2^-100, with block counts that fill a group of blocks and ones
+    # that leave it ragged, and row counts that fill a register tile of 8 rows, leave it short and
+    # take a second one. One digit alone breaks the bound, as does a lost digit, a misplaced
+    # nibble, a block's wrong scale or a second tile's rows written over the first's.
     for n, k in [(35, 576), (577, 1536), (16, 96), (9, 160)]:
         q, w = gguf_matrix(n, k, kind, seed=n)
-        for m in (1, 2, 3, 4, 5):
+        for m in (1, 2, 3, 4, 5, 6, 8, 9, 16):
             x = spread_activations(m, k)
             x[0, :32] = 0.0  # an all-zero block
             x[-1, 32:64] = torch.randn(32) * 2.0**-115  # below 2^-100: an absolute error under 2^-116
@@ -193,10 +202,15 @@ def test_the_native_op_and_the_portable_body_agree_on_3d_inputs():
     x = torch.randn(2, 3, 64, generator=g)
     got = kernels.linear_quantized(x, *q)
     assert got.shape == (2, 3, 40)
-    # six rows: on AMX CPUs the tiles, whose activations keep 16 bits (the bound of the test above)
+    # six rows: on AMX CPUs the tiles, whose activations keep 16 bits (the bound of the test above),
+    # on other VNNI CPUs int8 digits
     w = dequantize_torch(*q, torch.float64)
-    bound = (x.double().abs() @ w.abs().T) * (2.0**-16 + 64 * 2.0**-23)
-    assert ((got.double() - linear_quantized_torch(x, *q, None).double()).abs() <= bound).all()
+    x2 = x.reshape(6, 64)
+    bound = (x2.double().abs() @ w.abs().T) * (2.0**-16 + 64 * 2.0**-23)
+    if carries_digits("Q4_1", 6):
+        bound = digit_bound(x2, w, w - q[2].double().repeat_interleave(32, dim=1))
+    want = linear_quantized_torch(x, *q, None).double().reshape(6, 40)
+    assert ((got.double().reshape(6, 40) - want).abs() <= bound).all()
 
 
 def test_quantize_at_load_round_trips_within_half_a_step():

@@ -250,10 +250,12 @@ static void vnni_columns(const uint8_t* packed, const QuantRows& w, float* y, in
     for (; n + 4 <= n1; n += 4) vnni_rows<BITS, 4, 2>(packed, w, y, N, n, 0, M);
   } else {
     for (; n + 2 <= n1; n += 2)
-      for (int64_t m0 = 0; m0 < M; m0 += kTile) vnni_rows<BITS, 2, kTile>(packed, w, y, N, n, m0, std::min<int64_t>(kTile, M - m0));
+      for (int64_t m0 = 0; m0 < M; m0 += kTile)
+        vnni_rows<BITS, 2, kTile>(packed, w, y, N, n, m0, std::min<int64_t>(kTile, M - m0));
   }
   for (; n < n1; ++n)
-    for (int64_t m0 = 0; m0 < M; m0 += kTile) vnni_rows<BITS, 1, kTile>(packed, w, y, N, n, m0, std::min<int64_t>(kTile, M - m0));
+    for (int64_t m0 = 0; m0 < M; m0 += kTile)
+      vnni_rows<BITS, 1, kTile>(packed, w, y, N, n, m0, std::min<int64_t>(kTile, M - m0));
 }
 
 // y over output columns [n0, n1); packed from vnni_pack.

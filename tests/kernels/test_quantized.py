@@ -95,11 +95,11 @@ def one_digit(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ("Q4_0", "Q4_1"))
 def test_six_to_eight_int4_rows_keep_sixteen_bits_of_each_activation(kind):
     # On AMX CPUs 6-8 rows of int4 run on bf16 tiles with each activation as two bf16 parts
-    # (within 2^-17 of it); on other VNNI CPUs int8 digits (digit_bound); elsewhere the vector
-    # kernel's fp32. Either way every output is within
-    # 2^-16 * sum|w x| (the parts) + K * 2^-23 * sum|w x| (fp32 sums) of the exact product, and
-    # activations spanning 2^-20..2^20 keep their small members: one bf16 part alone (2^-9)
-    # breaks the bound, as does a lost part or a misplaced block order.
+    # (within 2^-17 of it); without VNNI the vector kernel's fp32. Either way every output is
+    # within 2^-16 * sum|w x| (the parts) + K * 2^-23 * sum|w x| (fp32 sums) of the exact product,
+    # and activations spanning 2^-20..2^20 keep their small members: one bf16 part alone (2^-9)
+    # breaks the bound, as does a lost part or a misplaced block order. On VNNI CPUs without AMX
+    # the rows are int8 digits, held to digit_bound, which one digit alone breaks.
     for n, k in [(35, 576), (577, 1536), (16, 96)]:
         q, w = gguf_matrix(n, k, kind, seed=n)
         for m in (6, 7, 8):

@@ -124,13 +124,18 @@ static inline __m512 add_mins(__m512 acc, const uint16_t* mins, const float* sum
   return acc;
 }
 
+// How far ahead each weight row's bytes are prefetched: 8 KiB on every CPU (an AMD EPYC, the
+// products of a 30-layer int4 step on cold weights: 4.1-4.3 ms against 4.9-5.2 at quant_gemm.h's
+// 512 bytes there, int8 6.4 against 8.4).
+constexpr int64_t kVnniAhead = 8192;
+
 // One group of blocks (64 bytes of each weight row) of NB weight rows against MB activation rows:
 // q and h at the group's bytes and scales in the first weight row, rec at its record in the first
 // activation row. FULL: all of the group's blocks; otherwise the first `rem` (the ragged last group).
 template <int BITS, int NB, int MB, bool FULL>
 __attribute__((always_inline)) static inline void vnni_group(const uint8_t* q, int64_t row_q, const uint16_t* h,
                                                              int64_t blocks, const uint8_t* rec, int64_t row_bytes,
-                                                             int64_t rem, int64_t ahead, __m512 (&acc)[MB][NB]) {
+                                                             int64_t rem, __m512 (&acc)[MB][NB]) {
   // lane l's block within the group: l / 4 (int4) or l / 8 (int8)
   const __m512i spread = BITS == 4 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
                                    : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
@@ -155,7 +160,7 @@ __attribute__((always_inline)) static inline void vnni_group(const uint8_t* q, i
       bytes = _mm512_maskz_loadu_epi8((__mmask64(1) << (rem * 32 * BITS / 8)) - 1, p);
       halves = _mm_maskz_loadu_epi16(__mmask8((1u << rem) - 1), h + r * blocks);
     }
-    stream_prefetch(p + ahead);
+    stream_prefetch(p + kVnniAhead);
     ws[r] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_cvtph_ps(halves)));
     if constexpr (BITS == 4) {
       lo[r] = _mm512_and_si512(bytes, nibble);
@@ -203,9 +208,6 @@ static inline void vnni_tile(const uint8_t* packed, const QuantRows& w, float* y
   const uint8_t* q = static_cast<const uint8_t*>(w.q) + n * row_q;
   const uint16_t* scales = w.scales + n * blocks;
   const uint8_t* rec = packed + m0 * row_bytes;
-  // each weight row's bytes 8 KiB ahead, on AMD too (an AMD EPYC, the products of a 30-layer int4
-  // step on cold weights: 4.1-4.3 ms against 4.9-5.2 at quant_gemm.h's 512 bytes, int8 6.4 against 8.4)
-  constexpr int64_t ahead = 8192;
   __m512 acc[MB][NB];
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i)
@@ -213,10 +215,10 @@ static inline void vnni_tile(const uint8_t* packed, const QuantRows& w, float* y
     for (int r = 0; r < NB; ++r) acc[i][r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < full; ++g)
     vnni_group<BITS, NB, MB, true>(q + g * 64, row_q, scales + g * L::kBlocks, blocks, rec + g * L::kRecord,
-                                   row_bytes, L::kBlocks, ahead, acc);
+                                   row_bytes, L::kBlocks, acc);
   if (full < groups)
     vnni_group<BITS, NB, MB, false>(q + full * 64, row_q, scales + full * L::kBlocks, blocks,
-                                    rec + full * L::kRecord, row_bytes, blocks - full * L::kBlocks, ahead, acc);
+                                    rec + full * L::kRecord, row_bytes, blocks - full * L::kBlocks, acc);
   for (int i = 0; i < MB; ++i) {
     const float* sums = reinterpret_cast<const float*>(rec + i * row_bytes + groups * L::kRecord);
     for (int r = 0; r < NB; ++r) {

@@ -46,8 +46,11 @@ def test_bench_decode_writes_its_fields(tiny_tok_model, tmp_path):
         assert {"decode_tok_s", "step_ms_median", "step_ms_p90", "ttft_s"} <= set(row[engine])
     assert {"ratio_vs_transformers", "roofline_tok_s", "roofline_frac"} <= set(row)
     assert 0 <= row["graphrt"]["overhead_frac"] < 1
+    for engine in ("graphrt", "graphrt_eager", "transformers"):  # None where the kernel reports no steal
+        steal = row[engine]["steal_frac"]
+        assert steal is None or 0 <= steal <= 1
     assert result["profile_shares"] and all(0 <= v < 1 for v in result["profile_shares"].values())
-    assert result["machine"]["threads"] >= 1 and result["machine"]["torch"]
+    assert result["machine"]["threads"] >= 1 and result["machine"]["torch"] and result["machine"]["cpu"]
 
 
 def test_bench_grammar_reports_overhead(tiny_tok_model, tmp_path):
@@ -67,6 +70,7 @@ def test_bench_kernels_reports_both_engines_against_the_bandwidth():
         assert row["bandwidth_gb_s"] > 0
         assert row["graphrt_gb_s"] > 0 and row["aten_gb_s"] > 0 and row["graphrt_frac"] > 0
         assert set(row["shapes"]["t"]) == {"graphrt", "aten"}
+        assert row["steal_frac"] is None or 0 <= row["steal_frac"] <= 1
 
 
 def test_bench_spec_reports_speedup_acceptance_and_step_costs(tiny_tok_model, tmp_path):

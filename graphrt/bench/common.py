@@ -11,9 +11,22 @@ import time
 import torch
 
 
+def cpu_model(path: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name where the kernel reports one ("AMD EPYC", "Intel(R) Xeon(R) ..."), else
+    the machine's architecture: two hosts of one cloud type can be different CPUs."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_facts(dtype: str) -> dict:
     return {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,

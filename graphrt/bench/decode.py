@@ -10,6 +10,7 @@ import torch
 
 from graphrt.bench.common import machine_facts, median, p90, print_facts, write_json
 from graphrt.bench.roofline import decode_step_bytes, measure_bandwidth, pages_name, streaming_reads, weight_bytes
+from graphrt.bench.steal import StealMeter, steal_note
 
 
 def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -38,17 +39,18 @@ def run_graphrt(llm, prompts: list[list[int]], gen_len: int, loras: list | None 
         ids = [engine.add_request(p, params, lora_request=lr) for p, lr in zip(prompts, loras)]
         steps, graph_s, ttft = [], [], None
         start = time.perf_counter()
-        while engine.has_unfinished():
-            inside.clear()
-            t = time.perf_counter()
-            engine.step()
-            dt = time.perf_counter() - t
-            if ttft is None:
-                if all(engine.output(r).token_ids for r in ids):
-                    ttft = time.perf_counter() - start
-            else:
-                steps.append(dt)
-                graph_s.append(sum(inside))
+        with StealMeter() as meter:
+            while engine.has_unfinished():
+                inside.clear()
+                t = time.perf_counter()
+                engine.step()
+                dt = time.perf_counter() - t
+                if ttft is None:
+                    if all(engine.output(r).token_ids for r in ids):
+                        ttft = time.perf_counter() - start
+                else:
+                    steps.append(dt)
+                    graph_s.append(sum(inside))
         total = time.perf_counter() - start
         tokens = sum(len(engine.output(r).token_ids) for r in ids)
         outputs = [engine.output(r).token_ids for r in ids]
@@ -63,6 +65,7 @@ def run_graphrt(llm, prompts: list[list[int]], gen_len: int, loras: list | None 
         "step_ms_p90": 1e3 * p90(steps),
         "ttft_s": ttft,
         "overhead_frac": 1 - sum(graph_s) / sum(steps) if steps else float("nan"),
+        "steal_frac": meter.fraction,
         "tokens": outputs,
     }
 
@@ -79,7 +82,7 @@ def run_transformers(hf_model, prompts: list[list[int]], gen_len: int) -> dict:
 
     ids = torch.tensor(prompts)
     start = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad(), StealMeter() as meter:
         # eos_token_id=None: like graphrt's ignore_eos, EOS may be drawn and does not stop (min_new_tokens
         # would forbid EOS instead, and change the greedy tokens wherever EOS is the argmax)
         out = hf_model.generate(
@@ -100,6 +103,7 @@ def run_transformers(hf_model, prompts: list[list[int]], gen_len: int) -> dict:
         "step_ms_p90": 1e3 * p90(steps),
         "ttft_s": ttft,
         "overhead_frac": float("nan"),
+        "steal_frac": meter.fraction,
         "tokens": out[:, ids.shape[1] :].tolist(),
     }
 
@@ -339,14 +343,14 @@ def print_row(row: dict) -> None:
         extra = f"  overhead {100 * r['overhead_frac']:.1f}%" if name == "graphrt" else ""
         print(
             f"batch {b:>3}  {name:<14} {r['decode_tok_s']:8.1f} tok/s  step {r['step_ms_median']:7.2f} ms "
-            f"(p90 {r['step_ms_p90']:7.2f})  ttft {r['ttft_s']:6.3f} s{extra}"
+            f"(p90 {r['step_ms_p90']:7.2f})  ttft {r['ttft_s']:6.3f} s{extra}{steal_note(r.get('steal_frac'))}"
         )
     for q, r in row.get("quantized", {}).items():
         print(
             f"batch {b:>3}  graphrt {q:<6} {r['decode_tok_s']:8.1f} tok/s  step {r['step_ms_median']:7.2f} ms  "
             f"{r['vs_fp32']:.2f}x graphrt fp32, roofline {r['roofline_tok_s']:.1f} tok/s "
             f"({100 * r['roofline_frac']:.0f}% reached, {r['weight_bytes'] / 1e6:.0f} MB of weights), "
-            f"{r['same_tokens_as_fp32']}/{b} rows with fp32's tokens"
+            f"{r['same_tokens_as_fp32']}/{b} rows with fp32's tokens{steal_note(r.get('steal_frac'))}"
         )
         if "llamacpp" in r:
             print(

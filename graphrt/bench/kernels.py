@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from graphrt.bench.roofline import measure_bandwidth, pages_name
+from graphrt.bench.steal import StealMeter, steal_note
 from graphrt.runner.huge_pages import move_to_huge_pages
 
 # SmolLM2-135M's projections (graphrt stacks q/k/v and gate/up): name → (N, K)
@@ -109,16 +110,18 @@ def bench_kernels(
             row = {"dtype": dtype_name, "rows": m, "shapes": {}}
             before = measure_bandwidth(huge_pages=huge_pages)  # the machine drifts: each row gets its own, around it
             total = {e: [0, 0.0] for e in engines}
-            for name, weights in mats.items():
-                x = torch.randn(m, shapes[name][1]).to(dtype)
-                nbytes = sum(_bytes(w) for w in weights)
-                per = {}
-                for engine, fn in engines.items():  # side by side, shape by shape
-                    s = _sweep_seconds(fn, x, weights, repeats)
-                    per[engine] = nbytes / s / 1e9
-                    total[engine][0] += nbytes
-                    total[engine][1] += s
-                row["shapes"][name] = per
+            with StealMeter() as meter:
+                for name, weights in mats.items():
+                    x = torch.randn(m, shapes[name][1]).to(dtype)
+                    nbytes = sum(_bytes(w) for w in weights)
+                    per = {}
+                    for engine, fn in engines.items():  # side by side, shape by shape
+                        s = _sweep_seconds(fn, x, weights, repeats)
+                        per[engine] = nbytes / s / 1e9
+                        total[engine][0] += nbytes
+                        total[engine][1] += s
+                    row["shapes"][name] = per
+            row["steal_frac"] = meter.fraction
             row["bandwidth_gb_s"] = (before + measure_bandwidth(huge_pages=huge_pages)) / 2e9
             for engine, (nbytes, s) in total.items():
                 row[engine + "_gb_s"] = nbytes / s / 1e9
@@ -130,6 +133,7 @@ def bench_kernels(
                 f"graphrt {row['graphrt_gb_s']:5.1f} GB/s ({100 * row['graphrt_frac']:3.0f}%)"
                 f"  aten {row['aten_gb_s']:5.1f} GB/s ({100 * row['aten_frac']:3.0f}%)   per shape graphrt/aten: "
                 + shapes_txt
+                + steal_note(meter.fraction)
             )
         del mats
     return {"native_isa": kernels.NATIVE_ISA, "pages": pages, "rows": results}

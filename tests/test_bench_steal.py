@@ -1,5 +1,6 @@
-"""The benchmarks' steal meter: the share of CPU time a shared host's hypervisor took while a
-measurement ran, read from /proc/stat (here from files written to look like it)."""
+"""What the benchmarks record of the machine under a measurement: the share of CPU time a shared
+host's hypervisor took while it ran (the steal meter, /proc/stat) and the CPU's model name
+(/proc/cpuinfo), both read here from files written to look like the kernel's."""
 
 import pytest
 

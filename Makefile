@@ -28,8 +28,10 @@ setup-test: $(VENV)/.installed-test
 run: setup
 	$(BIN)/graphrt generate
 
+# One worker a core (four at most): each test file runs whole in one worker, so a module's shared
+# compiled graphs are built once; the caches the workers share are safe to race on (locks, renames).
 test: setup-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache

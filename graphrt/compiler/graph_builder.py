@@ -126,13 +126,13 @@ class GraphBuilder:
         graph = capture(self.steps[key.kind], bufs.args(), self.kv_caches, self.passes, "eager", key.name)
         free = aoti.free_dims(graph.sources, graph.inputs, bufs.names.index("block_tables"))
         try:  # a graph whose code came to depend on those sizes (an unfused spelling) keeps them
-            exported, ckey = aoti.export(graph.gm, graph.inputs, free), self.cache_key(key, bufs, True)
+            exported, ckey = aoti.export(graph.gm, graph.sources, graph.inputs, free), self.cache_key(key, bufs, True)
         except Exception as e:
             log.warning("graph %s: KV and block-table sizes cannot stay free (%s); built for these sizes", key.name, e)
-            exported, ckey = aoti.export(graph.gm, graph.inputs), self.cache_key(key, bufs, False)
+            exported, ckey = aoti.export(graph.gm, graph.sources, graph.inputs), self.cache_key(key, bufs, False)
         tmp = self.store.reserve(ckey)
         try:
-            build = aoti.PackageBuild(exported, graph.inputs, tmp)
+            build = aoti.PackageBuild(exported, aoti.split_inputs(graph.sources, graph.inputs)[0], tmp)
         except BaseException:
             self.store.discard(tmp)
             raise
@@ -178,8 +178,9 @@ class GraphBuilder:
 
     def load(self, key: GraphKey, bufs: InputBuffers, hit: tuple[str, dict], gm=None) -> LoadedGraph:
         path, entry = hit
-        inputs = [self.resolve(tuple(s), bufs) for s in entry["sources"]]
-        return LoadedGraph(key.name, aoti.load_package(path), inputs, gm)
+        sources = [tuple(s) for s in entry["sources"]]
+        inputs, weights = aoti.split_inputs(sources, [self.resolve(s, bufs) for s in sources])
+        return LoadedGraph(key.name, aoti.load_package(path, weights), inputs, gm)
 
     def resolve(self, source: tuple, bufs: InputBuffers) -> torch.Tensor:
         kind = source[0]

@@ -9,10 +9,12 @@ import textwrap
 import zipfile
 
 import pytest
+import torch
 
 import graphrt
 from graphrt import SamplingParams
 from graphrt.artifacts.store import ArtifactError
+from graphrt.compiler.aoti import constant_name
 from graphrt.runner.graph_cache import CaptureSizes
 from tests.helpers import make_llm
 from tests.oracle import random_prompts
@@ -112,6 +114,30 @@ def test_packages_call_the_native_ops_through_their_c_entry_points(shipped):
     for op in ("linear", "paged_attention", "slot_mapping", "sample"):
         assert f"aoti_torch_cpu_{op}(" in wrapper
     assert not proxied & {f"graphrt::{op}" for op in AOTI_C_SHIMS}
+
+
+def test_a_package_reads_the_engines_weights_in_place(shipped, tmp_path):
+    """A package keeps no weights: the engine's own tensors are its constants, read where they are
+    (one copy serves every graph), and its inputs are only the key's buffers and the KV caches.
+    Negating the final norm's weight in place changes the loaded graph's tokens exactly as it
+    changes the eager engine's."""
+    path, out = shipped
+    cache = str(tmp_path / "cache")
+    shutil.copytree(out, cache)
+    loaded = graphrt.LLM(path, graph_cache=cache, **OPTS)
+    assert [r.how for r in loaded.capture_report()] == ["loaded"]
+    (graph,) = loaded.engine.runner.graphs.graphs.values()
+    params = dict(loaded.engine.step_module.named_parameters())
+    assert {constant_name(("param", n)) for n in params} <= set(graph.fn.loader.get_constant_fqns())
+    assert not {t.data_ptr() for t in params.values()} & {t.data_ptr() for t in graph.inputs}
+    eager = make_llm(path, **OPTS)
+    before = [o.token_ids for o in loaded.generate(PROMPTS, GREEDY)]
+    for llm in (loaded, eager):
+        with torch.no_grad():
+            dict(llm.engine.step_module.named_parameters())["model.norm.weight"].neg_()
+    after = [o.token_ids for o in loaded.generate(PROMPTS, GREEDY)]
+    assert after != before
+    assert after == [o.token_ids for o in eager.generate(PROMPTS, GREEDY)]
 
 
 def test_a_package_samples_random_rows_as_the_dispatched_graph_and_profiles_its_ops(shipped, tmp_path):

@@ -1,4 +1,4 @@
-"""AdapterSlots: the fixed LoRA buffers of a model — graph inputs like its weights — and the
+"""AdapterSlots: the fixed LoRA buffers of a model — read in place by every graph, like its weights — and the
 copy that puts an adapter into a slot. Filling a slot never changes a graph.
 
 Only the modules the engine serves LoRA on (``target_modules``) get buffers: a projection no

@@ -87,8 +87,8 @@ def export(
     free = free or {}
     names = {n for d in free.values() for n in d.values()}
     dim = {n: torch.export.Dim(n, min=2) for n in names}
-    runtime, _ = split_inputs(sources, example_inputs)
-    flat = [i for i, s in enumerate(sources) if s[0] != "param"]
+    flat = [i for i, s in enumerate(sources) if s[0] != "param"]  # the package's inputs
+    runtime = [example_inputs[i] for i in flat]
     shapes = tuple({d: dim[n] for d, n in free[i].items()} if i in free else None for i in flat)
     module = _WeightsAsConstants(gm, sources, example_inputs)
     return torch.export.export(module, tuple(runtime), dynamic_shapes=(shapes,) if free else None, strict=False)
@@ -111,10 +111,6 @@ def compile_package(exported: torch.export.ExportedProgram, path: str) -> None:
         "joint_graph_constant_folding": False,
     }
     torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs=configs)
-
-
-def build_package(gm: fx.GraphModule, sources: list[tuple], example_inputs: list, path: str, free=None) -> None:
-    compile_package(export(gm, sources, example_inputs, free), path)
 
 
 def _spec(t: torch.Tensor) -> list:

@@ -87,6 +87,7 @@ class InputBuffers:
         # numpy views of the host-loaded buffers (the same memory as the tensors the graph reads)
         loaded = (*ARG_NAMES, "draft_token_ids", "num_drafts") if self.spec_k else ARG_NAMES
         self.host = {n: getattr(self, n).numpy() for n in loaded}
+        self._bitmask_all_ones = True  # nothing but load writes it: a step without grammars skips it
 
     def load(self, b: StepBatch) -> None:
         """The one copy of a step's host data into the buffers, padding reset first."""
@@ -110,9 +111,12 @@ class InputBuffers:
         _put(host["seeds"], b.seeds, 0)
         _put(host["offsets"], b.offsets, 0)
         if b.bitmask is None:
-            host["bitmask"][:] = -1
+            if not self._bitmask_all_ones:
+                host["bitmask"][:] = -1
+                self._bitmask_all_ones = True
         else:
             _put(host["bitmask"], b.bitmask, -1)
+            self._bitmask_all_ones = False
         if b.hidden is not None:
             self.hidden[: b.hidden.shape[0]].copy_(b.hidden)
             self.hidden[b.hidden.shape[0] :].zero_()
@@ -130,4 +134,5 @@ class InputBuffers:
 def _put(dst: np.ndarray, src: np.ndarray, pad) -> None:
     n = src.shape[0]
     dst[:n] = src
-    dst[n:] = pad
+    if n < dst.shape[0]:  # a step that fills its key (the usual decode step) has no padding
+        dst[n:] = pad

@@ -39,12 +39,9 @@ class MainStep:
         t = table
         req_ids = tuple(out.num_scheduled_tokens)
         slots = np.array([t.slot_of[r] for r in req_ids], dtype=np.int64)
-        n = np.array([out.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)
-        computed = t.num_computed[slots]
-        qsl = np.concatenate(([0], np.cumsum(n)))
-        token_req = np.repeat(np.arange(len(req_ids)), n)
-        positions = computed[token_req] + np.arange(int(qsl[-1])) - qsl[token_req]
-        seq_lens = computed + n
+        positions, token_req, qsl, seq_lens = token_layout(
+            t.num_computed[slots], list(out.num_scheduled_tokens.values())
+        )
         width = max(1, -(-int(seq_lens.max()) // self.block_size))
         samples = seq_lens >= t.num_tokens[slots]
         bitmask = bitmask_provider(req_ids, samples) if bitmask_provider is not None else None
@@ -155,6 +152,22 @@ class VerifyStep(MainStep):
             if batch.num_drafts[r]:
                 result.num_rejected[rid] = int(batch.num_drafts[r]) + 1 - kept
         return result
+
+
+def token_layout(computed: np.ndarray, counts: list[int]) -> tuple[np.ndarray, ...]:
+    """Each row's ``counts[r]`` tokens after its ``computed[r]``: (positions, token_req,
+    query_start_loc, seq_lens). A decode step (one token a row) takes a shorter path: the step's
+    numpy calls run with their code and data evicted by the last step's weight streams, so each
+    one costs microseconds."""
+    rows = len(counts)
+    if sum(counts) == rows:
+        qsl = np.arange(rows + 1, dtype=np.int64)
+        return computed, qsl[:-1], qsl, computed + 1
+    n = np.array(counts, dtype=np.int64)
+    qsl = np.concatenate(([0], np.cumsum(n)))
+    token_req = np.repeat(np.arange(rows), n)
+    positions = computed[token_req] + np.arange(int(qsl[-1])) - qsl[token_req]
+    return positions, token_req, qsl, computed + n
 
 
 def with_hidden(result: ModelRunnerOutput, batch: StepBatch, hidden: list) -> ModelRunnerOutput:

@@ -8,6 +8,7 @@ import torch
 from graphrt.runner.graph_key import GraphKey
 from graphrt.runner.input_buffers import InputBuffers
 from graphrt.runner.step_batch import StepBatch
+from graphrt.runner.steps import token_layout
 
 VOCAB_WORDS = 4
 
@@ -72,3 +73,36 @@ def test_a_step_larger_than_the_buffers_is_refused_and_leaves_them_as_they_were(
     with pytest.raises(ValueError, match="does not fit graph main-t4-r2"):
         bufs.load(batch(rows=3, tokens_per_row=1, width=3, bitmask=False))
     assert all(torch.equal(a, b) for a, b in zip(bufs.args(), before))
+
+
+def test_a_step_that_fills_its_key_and_steps_without_grammars_after_one_with():
+    # arrange: a decode step that fills its key (no padding rows), first with grammar masks
+    bufs = InputBuffers(GraphKey("main", 2, 2), max_blocks=3, vocab_words=VOCAB_WORDS)
+    bufs.load(batch(rows=2, tokens_per_row=1, width=3, bitmask=True))
+    masked = bufs.bitmask.clone()
+    # act: two steps without grammars
+    bufs.load(batch(rows=2, tokens_per_row=1, width=3, bitmask=False))
+    after_first = bufs.bitmask.clone()
+    bufs.load(batch(rows=2, tokens_per_row=1, width=3, bitmask=False))
+    # assert: the masks were the step's, then every token allowed, and stay so
+    assert masked.tolist() == np.arange(2 * VOCAB_WORDS).reshape(2, VOCAB_WORDS).tolist()
+    assert (after_first == -1).all() and (bufs.bitmask == -1).all()
+    args = dict(zip(bufs.names, bufs.args()))
+    assert args["input_ids"].tolist() == [100, 101]
+    assert args["query_start_loc"].tolist() == [0, 1, 2]
+    assert args["seq_lens"].tolist() == [20, 21]
+
+
+@pytest.mark.parametrize("counts", [[1], [1, 1, 1], [3], [1, 4, 1], [2, 1]])
+def test_token_layout_of_decode_steps_matches_the_general_layout(counts):
+    # arrange: rows with some tokens already computed
+    computed = np.array([5, 0, 17][: len(counts)], dtype=np.int64)
+    n = np.array(counts, dtype=np.int64)
+    qsl = np.concatenate(([0], np.cumsum(n)))
+    token_req = np.repeat(np.arange(len(counts)), n)
+    want = (computed[token_req] + np.arange(int(qsl[-1])) - qsl[token_req], token_req, qsl, computed + n)
+    # act
+    got = token_layout(computed.copy(), counts)
+    # assert: positions, token_req, query_start_loc and seq_lens, value for value
+    for g, w in zip(got, want):
+        assert g.dtype == np.int64 and g.tolist() == w.tolist()

@@ -160,7 +160,7 @@ def token_layout(computed: np.ndarray, counts: list[int]) -> tuple[np.ndarray, .
     numpy calls run with their code and data evicted by the last step's weight streams, so each
     one costs microseconds."""
     rows = len(counts)
-    if sum(counts) == rows:
+    if counts.count(1) == rows:
         qsl = np.arange(rows + 1, dtype=np.int64)
         return computed, qsl[:-1], qsl, computed + 1
     n = np.array(counts, dtype=np.int64)

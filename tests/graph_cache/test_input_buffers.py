@@ -93,7 +93,7 @@ def test_a_step_that_fills_its_key_and_steps_without_grammars_after_one_with():
     assert args["seq_lens"].tolist() == [20, 21]
 
 
-@pytest.mark.parametrize("counts", [[1], [1, 1, 1], [3], [1, 4, 1], [2, 1]])
+@pytest.mark.parametrize("counts", [[1], [1, 1, 1], [3], [1, 4, 1], [2, 1], [0, 2]])
 def test_token_layout_of_decode_steps_matches_the_general_layout(counts):
     # arrange: rows with some tokens already computed
     computed = np.array([5, 0, 17][: len(counts)], dtype=np.int64)

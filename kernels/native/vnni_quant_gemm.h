@@ -254,11 +254,10 @@ static void vnni_columns(const uint8_t* packed, const QuantRows& w, float* y, in
                          int64_t n1) {
   constexpr int kTile = int(graphrt_native::kVnniTileRows);
   int64_t n = n0;
-  if (BITS == 8 && M == 1 && graphrt_native::kAmdStreams) {
-    for (; n < n1; ++n) vnni_rows<BITS, 1, 1>(packed, w, y, N, n, 0, M);
-  } else if (M <= 2) {
+  const bool one_stream = BITS == 8 && M == 1 && graphrt_native::kAmdStreams;  // the loop after takes it
+  if (M <= 2 && !one_stream) {
     for (; n + 4 <= n1; n += 4) vnni_rows<BITS, 4, 2>(packed, w, y, N, n, 0, M);
-  } else {
+  } else if (M > 2) {
     for (; n + 2 <= n1; n += 2)
       for (int64_t m0 = 0; m0 < M; m0 += kTile)
         vnni_rows<BITS, 2, kTile>(packed, w, y, N, n, m0, std::min<int64_t>(kTile, M - m0));

@@ -2,11 +2,11 @@
 
 Importing this package registers every op. Each op has a pure-torch reference
 (``reference.py``), a fake implementation (graphs trace anywhere), a CPU implementation and an
-entry in the NPU lowering table (``npu.py``). ``linear``, ``linear_quantized``, ``dequantize`` and
-``paged_attention`` also have native CPU kernels (``native/``, built on first use by
-``native_library.py``), which take over on CPU tensors when the library loads. The wrappers
-below check their arguments; graph passes call ``torch.ops.graphrt.*`` directly. Kernels import
-nothing else from graphrt.
+entry in the NPU lowering table (``npu.py``). ``linear``, ``linear_quantized``, ``dequantize``,
+``linear_tiles``, ``dequantize_tiles`` and ``paged_attention`` also have native CPU kernels
+(``native/``, built on first use by ``native_library.py``), which take over on CPU tensors when
+the library loads. The wrappers below check their arguments; graph passes call
+``torch.ops.graphrt.*`` directly. Kernels import nothing else from graphrt.
 """
 
 from graphrt.kernels.attention import paged_attention
@@ -18,6 +18,7 @@ from graphrt.kernels.mla import mla_attention
 from graphrt.kernels.moe import moe_experts
 from graphrt.kernels.native_library import load as _load_native
 from graphrt.kernels.norm import fused_add_rms_norm, rms_norm
+from graphrt.kernels.quant_tiles import dequantize_tiles, linear_tiles
 from graphrt.kernels.quantized import dequantize, linear_quantized
 from graphrt.kernels.rotary import rotary_embedding
 from graphrt.kernels.sampling import draft_sample, rejection_sample, sample
@@ -28,6 +29,8 @@ OPS = (
     "linear",
     "linear_quantized",
     "dequantize",
+    "linear_tiles",
+    "dequantize_tiles",
     "slot_mapping",
     "reshape_and_cache",
     "paged_attention",
@@ -48,10 +51,12 @@ __all__ = [
     "NATIVE_ISA",
     "apply_token_bitmask",
     "dequantize",
+    "dequantize_tiles",
     "draft_sample",
     "fused_add_rms_norm",
     "linear",
     "linear_quantized",
+    "linear_tiles",
     "mla_attention",
     "moe_experts",
     "paged_attention",

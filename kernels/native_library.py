@@ -196,6 +196,9 @@ AOTI_C_SHIMS = {
     "AtenTensorHandle, AtenTensorHandle*, AtenTensorHandle*, AtenTensorHandle*)",
     "dequantize": "AOTITorchError aoti_torch_cpu_dequantize(AtenTensorHandle, AtenTensorHandle, AtenTensorHandle*, "
     "int32_t, AtenTensorHandle*)",
+    "linear_tiles": "AOTITorchError aoti_torch_cpu_linear_tiles(AtenTensorHandle, AtenTensorHandle, "
+    "AtenTensorHandle*, AtenTensorHandle*)",
+    "dequantize_tiles": "AOTITorchError aoti_torch_cpu_dequantize_tiles(AtenTensorHandle, int32_t, AtenTensorHandle*)",
     "slot_mapping": "AOTITorchError aoti_torch_cpu_slot_mapping(AtenTensorHandle, AtenTensorHandle, "
     "AtenTensorHandle, int64_t, AtenTensorHandle*)",
     "paged_attention": "AOTITorchError aoti_torch_cpu_paged_attention(AtenTensorHandle, AtenTensorHandle*, "

@@ -13,7 +13,9 @@ After::
 A quantized weight (``kernels/quantized.py``) is spelled ``linear(x, dequantize(qweight, scales,
 mins, dtype), bias)``; at most ``max_rows`` rows it becomes ``graphrt::linear_quantized(x, qweight,
 scales, mins, bias)``, which reads the stored bytes and never builds the float matrix; a prefill
-graph keeps the spelling (the matrix dequantised once, then aten's GEMM).
+graph keeps the spelling (the matrix dequantised once, then aten's GEMM). int4 tiles
+(``kernels/quant_tiles.py``) are the same with ``dequantize_tiles(tiles, dtype)`` and
+``graphrt::linear_tiles(x, tiles, bias)``.
 
 The choice is per projection, by its row count (the product of the input's leading dims, known
 statically in a graph per key): at most ``max_rows`` rows is a stream over the weights, where
@@ -47,22 +49,36 @@ def _linear_args(n):
     return tuple(args) if len(args) == 3 else None
 
 
+# a dequantize op's name → (its argument names, the skinny op that reads the same bytes)
+_QUANTIZED = {
+    "dequantize": (("qweight", "scales", "mins", "dtype"), "linear_quantized"),
+    "dequantize_tiles": (("tiles", "dtype"), "linear_tiles"),
+}
+
+
 def _dequantized(weight):
-    """(qweight, scales, mins, dtype) when ``weight`` is graphrt's dequantize spelling, else None."""
+    """(skinny op, weight arguments, dtype) when ``weight`` is one of graphrt's dequantize
+    spellings, else None."""
     if getattr(weight, "op", None) != "call_function":
         return None
-    if weight.target not in (torch.ops.graphrt.dequantize.default, torch.ops.graphrt.dequantize):
-        return None
-    names = ("qweight", "scales", "mins", "dtype")
-    args = list(weight.args) + [weight.kwargs[k] for k in names[len(weight.args) :] if k in weight.kwargs]
-    return tuple(args) if len(args) == 4 else None
+    for name, (names, skinny) in _QUANTIZED.items():
+        op = getattr(torch.ops.graphrt, name)
+        if weight.target in (op.default, op):
+            args = list(weight.args) + [weight.kwargs[k] for k in names[len(weight.args) :] if k in weight.kwargs]
+            if len(args) != len(names):
+                return None
+            return getattr(torch.ops.graphrt, skinny).default, tuple(args[:-1]), args[-1]
+    return None
 
 
 def _fits_quantized(x, weight, bias, max_rows: int) -> bool:
-    xv, qv = example_value(x), example_value(_dequantized(weight)[0])
-    if not isinstance(xv, torch.Tensor) or not isinstance(qv, torch.Tensor) or xv.ndim == 0 or qv.ndim != 2:
+    _, weight_args, dtype = _dequantized(weight)
+    xv, qv = example_value(x), example_value(weight_args[0])
+    if not isinstance(xv, torch.Tensor) or not isinstance(qv, torch.Tensor) or xv.ndim == 0:
         return False
-    if xv.dtype not in _DTYPES or xv.dtype != _dequantized(weight)[3] or xv.device.type != "cpu":
+    if qv.ndim != (3 if len(weight_args) == 1 else 2):  # tiles, else qweight
+        return False
+    if xv.dtype not in _DTYPES or xv.dtype != dtype or xv.device.type != "cpu":
         return False
     if bias is not None and not isinstance(example_value(bias), torch.Tensor):
         return False
@@ -107,7 +123,8 @@ class UseSkinnyGemm(GraphPass):
                 if quantized is None:
                     (new,) = emit(graph, torch.ops.graphrt.linear.default, args)
                 else:
-                    (new,) = emit(graph, torch.ops.graphrt.linear_quantized.default, (x, *quantized[:3], bias))
+                    skinny, weight_args, _ = quantized
+                    (new,) = emit(graph, skinny, (x, *weight_args, bias))
             n.replace_all_uses_with(new)
             graph.erase_node(n)
             if quantized is not None and not weight.users:

@@ -64,6 +64,19 @@ AOTITorchError aoti_torch_cpu_dequantize(AtenTensorHandle qweight, AtenTensorHan
   });
 }
 
+AOTITorchError aoti_torch_cpu_linear_tiles(AtenTensorHandle x, AtenTensorHandle tiles, AtenTensorHandle* bias,
+                                           AtenTensorHandle* ret) {
+  GRAPHRT_RECORD("graphrt::linear_tiles");
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE(
+      { *ret = handle(graphrt_native::linear_tiles(tensor(x), tensor(tiles), optional_tensor(bias))); });
+}
+
+AOTITorchError aoti_torch_cpu_dequantize_tiles(AtenTensorHandle tiles, int32_t dtype, AtenTensorHandle* ret) {
+  GRAPHRT_RECORD("graphrt::dequantize_tiles");
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE(
+      { *ret = handle(graphrt_native::dequantize_tiles(tensor(tiles), static_cast<at::ScalarType>(dtype))); });
+}
+
 AOTITorchError aoti_torch_cpu_slot_mapping(AtenTensorHandle positions, AtenTensorHandle token_req,
                                            AtenTensorHandle block_tables, int64_t block_size, AtenTensorHandle* ret) {
   GRAPHRT_RECORD("graphrt::slot_mapping");

@@ -148,11 +148,12 @@ static void gemm_bf16(const uint32_t* pairs, const void* w, float* y, int64_t M,
 }  // namespace amx
 #pragma GCC pop_options
 
-// Quantized weights times 1-5 activation rows on AVX512-VNNI's integer dot product.
+// Quantized weights times 1-5 activation rows on AVX512-VNNI's integer dot product; int4 tiles times any.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 namespace vnni {
 #include "vnni_quant_gemm.h"
+#include "tile_quant_gemm.h"
 }  // namespace vnni
 #pragma GCC pop_options
 
@@ -211,6 +212,9 @@ static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, Atte
   k.quant_gemm_amx = nullptr;
   k.vnni_pack = nullptr;
   k.quant_gemm_vnni = nullptr;
+  k.tiles_pack = nullptr;
+  k.tiles_gemm = nullptr;
+  k.tiles_gemm_wide = nullptr;
   k.gemm_f32 = gf;
   k.gemm_bf16 = gb;
   k.attend_f32 = af;
@@ -268,6 +272,9 @@ static IsaKernels choose() {
       k.quant_gemm_amx = amx::quant_gemm;
       k.vnni_pack = vnni::vnni_pack;
       k.quant_gemm_vnni = vnni::vnni_quant_gemm;
+      k.tiles_pack = vnni::tiles_pack;
+      k.tiles_gemm = vnni::tiles_gemm;
+      k.tiles_gemm_wide = vnni::tiles_gemm_wide;
       return k;
     }
     if (std::strcmp(isa, "vnni") == 0 || std::strcmp(isa, "avx512") == 0) {
@@ -277,6 +284,9 @@ static IsaKernels choose() {
       if (std::strcmp(isa, "vnni") == 0) {
         k.vnni_pack = vnni::vnni_pack;
         k.quant_gemm_vnni = vnni::vnni_quant_gemm;
+        k.tiles_pack = vnni::tiles_pack;
+        k.tiles_gemm = vnni::tiles_gemm;
+        k.tiles_gemm_wide = vnni::tiles_gemm_wide;
       }
       return k;
     }

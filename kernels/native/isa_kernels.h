@@ -80,6 +80,20 @@ inline int64_t vnni_row_bytes(int64_t K, int bits) {
   return groups * vnni_record_bytes(bits) + sums;
 }
 
+// The int4 tile path (tile_quant_gemm.h, kernels/quant_tiles.py): x fp32 [M, K] packed once a
+// call into int8 digits, tile_row_bytes(K) a row (64-byte aligned), then y [M, N] over the row
+// groups [g0, g1) of 16 output columns each (null without AVX512-VNNI); kTileMaxRows activation
+// rows at a time.
+using TilesPackFn = void (*)(const float* x, uint8_t* packed, int64_t M, int64_t K);
+using TilesGemmFn = void (*)(const uint8_t* packed, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
+                             int64_t g0, int64_t g1);
+// More than kVnniMaxRowsNoAmx rows take the widening product instead (fp32 sums, no digits).
+using TilesWideFn = void (*)(const float* x, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
+                             int64_t g0, int64_t g1);
+constexpr int64_t kTileMaxRows = 4;
+constexpr int64_t kTileRows = 16, kTileBytes = 320;  // weight rows and bytes of one block's tile
+inline int64_t tile_row_bytes(int64_t K) { return (K / 32 * 72 + 63) / 64 * 64; }  // 64 digits, 2 floats a block
+
 // One slice of a logits row, reduced for greedy sampling (greedy.h): its maximum, sum(exp(x -
 // max)), the first index of the maximum and of a NaN (-1: none; with a NaN, max and sum are not set).
 struct ArgmaxPart {
@@ -102,6 +116,9 @@ struct IsaKernels {
   AmxQuantGemmFn quant_gemm_amx;
   VnniPackFn vnni_pack;
   VnniQuantGemmFn quant_gemm_vnni;
+  TilesPackFn tiles_pack;
+  TilesGemmFn tiles_gemm;
+  TilesWideFn tiles_gemm_wide;
   DequantFn dequantize;
   ArgmaxFn argmax_sumexp;
 };

@@ -16,6 +16,8 @@ at::Tensor dequantize(const at::Tensor& q, const at::Tensor& scales, const std::
                       at::ScalarType dtype);
 at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
                             const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& bias);
+at::Tensor dequantize_tiles(const at::Tensor& tiles, at::ScalarType dtype);
+at::Tensor linear_tiles(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& bias);
 at::Tensor slot_mapping(const at::Tensor& positions, const at::Tensor& token_req, const at::Tensor& block_tables,
                         int64_t block_size);
 at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v,

@@ -8,6 +8,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphrt.kernels import npu, sampling
+from graphrt.kernels.quant_tiles import to_tiles
 from graphrt.kernels.quantized import quantize_int4
 from graphrt.kernels.sampling import _sample as cpu_sample
 from tests.kernels.paged_batch import make_batch
@@ -150,6 +151,9 @@ def test_every_body_traces_without_reading_data(monkeypatch):
     q4 = quantize_int4(torch.randn(6, 64))
     cases["dequantize"] = (*q4, torch.float32)
     cases["linear_quantized"] = (torch.randn(3, 64), *q4, None)
+    tiles = to_tiles(*quantize_int4(torch.randn(16, 64)))
+    cases["dequantize_tiles"] = (tiles, torch.float32)
+    cases["linear_tiles"] = (torch.randn(3, 64), tiles, None)
     assert set(cases) == set(npu.graph_safe_bodies())
     for name, args in cases.items():
         traced = make_fx(npu.graph_safe_bodies()[name], tracing_mode="fake")(*args)

@@ -70,11 +70,15 @@ def cases():
         torch.randn(6, 20, 16),
         torch.randn(6, 16, 10),
     )
+    from graphrt.kernels.quant_tiles import to_tiles
     from graphrt.kernels.quantized import quantize_int4, quantize_int8
 
     q4, q8 = quantize_int4(torch.randn(6, 64)), quantize_int8(torch.randn(6, 64))
+    tiles = to_tiles(*quantize_int4(torch.randn(32, 64)))
     return {
         "dequantize": (*q4, torch.float32),
+        "dequantize_tiles": (tiles, torch.bfloat16),
+        "linear_tiles": (torch.randn(2, 3, 64), tiles, torch.randn(32)),
         "linear_quantized": (torch.randn(3, 64), *q8, None, torch.randn(6)),
         "mla_attention": mla,
         "moe_experts": moe,

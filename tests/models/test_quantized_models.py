@@ -11,11 +11,12 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from graphrt import SamplingParams
+from graphrt.kernels import NATIVE_ISA, quant_tiles
 from graphrt.loader import load_model
 from graphrt.loader.gguf_file import GGUFCheckpoint
 from graphrt.loader.quantization import QuantizedTensor
 from graphrt.loader.weights_cache import WeightsCache
-from graphrt.models.quantized import QuantizedEmbedding, QuantizedLinear
+from graphrt.models.quantized import QuantizedEmbedding, QuantizedLinear, dense_weight
 from graphrt.runner.graph_cache import CaptureSizes
 from tests.helpers import make_llm
 from tests.oracle import random_prompts
@@ -28,15 +29,14 @@ PROMPTS = [
 
 
 def dequantised_model(model, cfg):
-    """A float copy of a quantized model: every quantized weight dequantised."""
-    from graphrt.kernels.quantized import dequantize_torch
+    """A float copy of a quantized model: every quantized weight dequantised (plain or tiles)."""
     from graphrt.loader.weights import build_model
 
     state, skip = {}, set()
     for name, m in model.named_modules():
         if isinstance(m, (QuantizedLinear, QuantizedEmbedding)):
-            state[f"{name}.weight"] = dequantize_torch(m.qweight, m.scales, m.mins, torch.float32)
-            skip |= {f"{name}.qweight", f"{name}.scales", f"{name}.mins"}
+            state[f"{name}.weight"] = dense_weight(m, torch.float32)
+            skip |= {f"{name}.qweight", f"{name}.scales", f"{name}.mins", f"{name}.tiles"}
     state.update({k: v for k, v in model.state_dict().items() if k not in skip})
     return build_model(cfg, state, torch.float32)
 
@@ -65,6 +65,8 @@ def test_smollm2_gguf_runs_quantized_like_its_dequantised_self():
     model = quantized.engine.loaded.model
     assert isinstance(model.embed_tokens, QuantizedEmbedding) and model.embed_tokens.bits == 8
     assert isinstance(model.layers[0].mlp.down_proj, QuantizedLinear) and model.layers[0].mlp.down_proj.bits == 4
+    # int4 projections are tiles where this CPU's products read those faster (kernels/quant_tiles.py)
+    assert (model.layers[0].mlp.down_proj.tiles is not None) == quant_tiles.wanted(NATIVE_ISA)
     assert any("use_skinny_gemm=121" in line for line in quantized.pass_report())  # 120 projections + LM head
     prompts = [quantized.tokenizer.encode(p) for p in PROMPTS]
     q_outs = quantized.generate(prompts, params)
@@ -83,11 +85,9 @@ def test_smollm2_gguf_runs_quantized_like_its_dequantised_self():
 
 def dequantised_copy(float_model, quantized_model):
     """The float model with every quantized weight replaced by its dequantised values."""
-    from graphrt.kernels.quantized import dequantize_torch
-
     for name, m in quantized_model.named_modules():
         if isinstance(m, (QuantizedLinear, QuantizedEmbedding)):
-            w = dequantize_torch(m.qweight, m.scales, m.mins, torch.float32)
+            w = dense_weight(m, torch.float32)
             float_model.get_submodule(name).weight.data.copy_(w)
     return float_model
 

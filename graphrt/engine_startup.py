@@ -22,7 +22,7 @@ from graphrt.kernels import NATIVE_ISA, quant_tiles
 from graphrt.loader import LoadedModel, load_model, resolve_dtype
 from graphrt.lora.manager import LoRAManager
 from graphrt.lora.slots import AdapterSlots
-from graphrt.models.quantized import use_int4_tiles
+from graphrt.models.quantized import use_quant_tiles
 from graphrt.multimodal.merge import install as install_mm
 from graphrt.passes import PassManager
 from graphrt.runner.graph_cache import CaptureSizes, GraphCache
@@ -108,7 +108,7 @@ class EngineStartup:
         self.dtype = resolve_dtype(adopt(self.config.dtype, self.shipped, "dtype"))
         self.loaded: LoadedModel = load_model(self.config.model, self.dtype, self.config.quantization)
         if self.config.backend != "torchair" and quant_tiles.wanted(NATIVE_ISA):
-            use_int4_tiles(self.loaded.model)  # int4 projections as the CPU's products read them best
+            use_quant_tiles(self.loaded.model)  # quantized matrices as this CPU's products read them best
         if self.config.huge_pages:  # a decode step streams them all: 2 MiB pages, not 4 KiB
             move_to_huge_pages(self.loaded.model)
 

@@ -1,19 +1,24 @@
-"""int4 tiles: an int4 matrix laid out for the VNNI dot product's lanes, and its two ops.
+"""Quantized tiles: an int4 or int8 matrix laid out for the VNNI dot product's lanes, and its ops.
 
-``kernels/quantized.py``'s int4 layout keeps each weight row's blocks together, so a product
-reduces every row's 16 lanes to one output (a horizontal sum, its scales spread over the lanes)
-and streams three tensors. The tile layout puts 16 weight rows side by side, one per lane, so each
-lane accumulates one output column and nothing is reduced across lanes; the scales and minimums of
-the 16 rows follow their values, so a product reads one stream front to back. ``tiles`` is uint8
-``[N / 16, K / 32, 320]``: for row group g and block b (32 values along K), 320 bytes:
+``kernels/quantized.py``'s layouts keep each weight row's blocks together, so a product reduces
+every row's 16 lanes to one output (a horizontal sum, its scales spread over the lanes) and
+streams two or three tensors. The tile layout puts 16 weight rows side by side, one per lane, so
+each lane accumulates one output column and nothing is reduced across lanes; the scales (and
+minimums) of the 16 rows follow their values, so a product reads one stream front to back.
+``tiles`` is uint8 ``[N / 16, K / 32, T]``; for row group g and block b (32 values along K), T
+bytes, with r in 0..15 the row ``16·g + r``:
 
-- bytes ``64·c + 4·r + j`` (c, j in 0..3; r in 0..15): the stored byte ``4·c + j`` of row
-  ``16·g + r``'s block, so its low nibble is value ``4·c + j`` and its high nibble value
-  ``16 + 4·c + j`` (the plain layout's bytes, regrouped four at a time);
-- bytes 256-287: the 16 rows' float16 scales; bytes 288-319: their float16 minimums.
+- **int4** (T = 320): bytes ``64·c + 4·r + j`` (c, j in 0..3) hold the stored byte ``4·c + j`` of
+  row r's block, so the low nibble is value ``4·c + j`` and the high nibble value ``16 + 4·c + j``
+  (the plain layout's bytes, regrouped four at a time); bytes 256-287 the 16 rows' float16
+  scales, 288-319 their float16 minimums. ``w = q · scale + min``.
+- **int8** (T = 544): bytes ``64·c + 4·r + j`` (c in 0..7, j in 0..3) hold value ``4·c + j`` of
+  row r's block as ``q + 128`` (the dot product's unsigned operand); bytes 512-543 the 16 rows'
+  float16 scales. ``w = q · scale``.
 
-``w = q · scale + min`` as in the plain layout: tiles are a permutation of its bytes, nothing is
-rounded again. Rows must come in whole groups of 16 (every projection of the models graphrt runs).
+The format is the tile size. Tiles hold exactly the plain layout's numbers, regrouped (int8's
+offset is undone exactly); rows must come in whole groups of 16 (every projection of the models
+graphrt runs).
 
 Ops (the same pair as the plain layout's):
 
@@ -22,7 +27,8 @@ Ops (the same pair as the plain layout's):
 - ``graphrt::linear_tiles(x, tiles, bias)``: ``x · Wᵀ (+ bias)`` over the stored bytes;
   ``passes/use_skinny_gemm.py`` rewrites the spelling above into it for decode-sized graphs.
 
-Where tiles are used: ``wanted()``.
+An embedding lookup gathers its rows back into the plain layout (``rows``). Where tiles are
+used: ``wanted()``.
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ from graphrt.kernels import checks
 from graphrt.kernels.quantized import BLOCK, check_quantized, dequantize_torch
 
 ROWS = 16  # weight rows a tile holds side by side
-VALUE_BYTES = ROWS * BLOCK // 2  # 256: a block's values for 16 rows
-TILE_BYTES = VALUE_BYTES + 2 * ROWS * 2  # 320: values, then 16 scales and 16 minimums (float16)
+VALUE_BYTES = {4: ROWS * BLOCK // 2, 8: ROWS * BLOCK}  # a block's values for 16 rows
+TILE_BYTES = {4: 256 + 2 * ROWS * 2, 8: 512 + ROWS * 2}  # values, 16 scales (and 16 minimums)
+BITS = {size: bits for bits, size in TILE_BYTES.items()}  # the format, by tile size
 
 _lib = torch.library.Library("graphrt", "FRAGMENT")
 _lib.define("dequantize_tiles(Tensor tiles, ScalarType dtype) -> Tensor")
@@ -46,51 +53,81 @@ _lib.define("linear_tiles(Tensor x, Tensor tiles, Tensor? bias) -> Tensor")
 
 
 def wanted(isa: Optional[str]) -> bool:
-    """Whether int4 projections are stored as tiles on this CPU: where the native kernels run on
-    AVX512-VNNI without AMX tiles (``isa`` "vnni"). An AMD EPYC (family 1Ah), 30 layers of
-    SmolLM2's int4 projections, cold, two threads: 40.5 against 26.9 GB/s in the plain layout.
-    A CPU with AMX keeps the plain layout, whose 6-8-row products run on AMX there (tiles are not
-    measured on one). ``GRAPHRT_INT4_TILES=0`` or ``1`` overrides the choice."""
-    forced = os.environ.get("GRAPHRT_INT4_TILES")
+    """Whether quantized projections (and embedding tables) are stored as tiles on this CPU: where
+    the native kernels run on AVX512-VNNI without AMX tiles (``isa`` "vnni"). An AMD EPYC
+    (family 1Ah), 30 layers of SmolLM2's int4 projections, cold, two threads: 40.5 against 26.9
+    GB/s in the plain layout. A CPU with AMX keeps the plain layouts, whose 6-8-row products run
+    on AMX there (tiles are not measured on one). ``GRAPHRT_QUANT_TILES=0`` or ``1`` overrides
+    the choice."""
+    forced = os.environ.get("GRAPHRT_QUANT_TILES")
     if forced in ("0", "1"):
         return forced == "1"
     return isa == "vnni"
 
 
 def tileable(qweight: torch.Tensor) -> bool:
-    """An int4 matrix [N, K / 2] whose rows come in whole groups of 16."""
-    return qweight.dtype == torch.uint8 and qweight.ndim == 2 and qweight.shape[0] % ROWS == 0
+    """A plain int4 or int8 matrix [N, K / 2 or K] whose rows come in whole groups of 16."""
+    return qweight.dtype in (torch.uint8, torch.int8) and qweight.ndim == 2 and qweight.shape[0] % ROWS == 0
 
 
-def to_tiles(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    """The plain int4 layout's (qweight [N, K / 2], scales, mins [N, K / 32]) → tiles."""
+def to_tiles(qweight: torch.Tensor, scales: torch.Tensor, mins: Optional[torch.Tensor]) -> torch.Tensor:
+    """The plain layout's (qweight, scales[, mins]) → tiles."""
     check_quantized(qweight, scales, mins)
     if not tileable(qweight):
         raise checks.KernelArgumentError(
-            f"tiles need int4 (uint8) weights [N, K / 2] with N a multiple of {ROWS}; "
+            f"tiles need weights [N, packed K] with N a multiple of {ROWS}; "
             f"got {qweight.dtype} of shape {tuple(qweight.shape)}"
         )
-    N, half = qweight.shape
-    G, B = N // ROWS, half * 2 // BLOCK
-    values = qweight.reshape(G, ROWS, B, 4, 4).permute(0, 2, 3, 1, 4).reshape(G, B, VALUE_BYTES)
+    bits = 4 if qweight.dtype == torch.uint8 else 8
+    N = qweight.shape[0]
+    G, B = N // ROWS, scales.shape[1]
+    stored = qweight if bits == 4 else (qweight.to(torch.int16) + 128).to(torch.uint8)
+    values = stored.reshape(G, ROWS, B, -1, 4).permute(0, 2, 3, 1, 4).reshape(G, B, VALUE_BYTES[bits])
 
     def per_block(t: torch.Tensor) -> torch.Tensor:  # [N, B] float16 → [G, B, 32] bytes
         return t.reshape(G, ROWS, B).permute(0, 2, 1).contiguous().view(torch.uint8)
 
-    return torch.cat((values, per_block(scales), per_block(mins)), dim=-1).contiguous()
+    parts = (values, per_block(scales)) + ((per_block(mins),) if bits == 4 else ())
+    return torch.cat(parts, dim=-1).contiguous()
 
 
-def from_tiles(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tiles → the plain int4 layout (qweight, scales, mins), the inverse of ``to_tiles``."""
-    G, B, _ = tiles.shape
-    values = tiles[..., :VALUE_BYTES].reshape(G, B, 4, ROWS, 4).permute(0, 3, 1, 2, 4)
-    qweight = values.reshape(G * ROWS, B * BLOCK // 2)
+def _plain(tiles: torch.Tensor):
+    """[..., B, T] tiles → ([..., 16, B · stored bytes], scales [..., 16, B], mins or None)."""
+    bits = BITS[tiles.shape[-1]]
+    *lead, B, _ = tiles.shape
+    v = VALUE_BYTES[bits]
+    values = tiles[..., :v].reshape(*lead, B, v // (4 * ROWS), ROWS, 4)
+    values = values.movedim(-2, -4).reshape(*lead, ROWS, B * v // ROWS)  # row r's bytes in order
+    if bits == 8:
+        values = (values.to(torch.int16) - 128).to(torch.int8)
 
-    def per_row(lo: int) -> torch.Tensor:  # bytes [lo, lo + 32) of every tile → [N, B] float16
-        halves = tiles[..., lo : lo + 2 * ROWS].contiguous().view(torch.float16)
-        return halves.permute(0, 2, 1).reshape(G * ROWS, B)
+    def per_row(lo: int) -> torch.Tensor:  # bytes [lo, lo + 32) of every tile → [..., 16, B] float16
+        return tiles[..., lo : lo + 2 * ROWS].contiguous().view(torch.float16).transpose(-1, -2)
 
-    return qweight.contiguous(), per_row(VALUE_BYTES), per_row(VALUE_BYTES + 2 * ROWS)
+    return values, per_row(v), per_row(v + 2 * ROWS) if bits == 4 else None
+
+
+def from_tiles(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Tiles → the plain layout (qweight, scales, mins or None), the inverse of ``to_tiles``."""
+    G = tiles.shape[0]
+    q, s, m = _plain(tiles)
+
+    def flat(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(G * ROWS, t.shape[-1]).contiguous()
+
+    return flat(q), flat(s), None if m is None else flat(m)
+
+
+def rows(tiles: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Rows ``ids`` (any shape) of a tiled matrix in the plain layout: an embedding lookup reads
+    only its rows' groups, and one row of each (traceable: no data read on the host)."""
+    q, s, m = _plain(tiles[ids // ROWS])  # [..., 16, ...] per id
+    lane = (ids % ROWS)[..., None, None]
+
+    def pick(t: torch.Tensor) -> torch.Tensor:
+        return torch.gather(t, -2, lane.expand(*ids.shape, 1, t.shape[-1])).squeeze(-2)
+
+    return pick(q), pick(s), None if m is None else pick(m)
 
 
 def out_features(tiles: torch.Tensor) -> int:
@@ -130,10 +167,10 @@ def _(x, tiles, bias):
 def check_tiles(tiles: torch.Tensor) -> None:
     if not isinstance(tiles, torch.Tensor) or tiles.dtype != torch.uint8:
         got = tiles.dtype if isinstance(tiles, torch.Tensor) else type(tiles).__name__
-        raise checks.KernelArgumentError(f"tiles must be uint8 (int4 tiles, kernels/quant_tiles.py), got {got}")
-    if tiles.ndim != 3 or tiles.shape[2] != TILE_BYTES:
+        raise checks.KernelArgumentError(f"tiles must be uint8 (kernels/quant_tiles.py), got {got}")
+    if tiles.ndim != 3 or tiles.shape[2] not in BITS:
         raise checks.KernelArgumentError(
-            f"tiles must be [N / {ROWS}, K / {BLOCK}, {TILE_BYTES}], got shape {tuple(tiles.shape)}"
+            f"tiles must be [N / {ROWS}, K / {BLOCK}, 320 (int4) or 544 (int8)], got shape {tuple(tiles.shape)}"
         )
     if not tiles.is_contiguous():
         raise checks.KernelArgumentError(f"tiles must be contiguous, got strides {tiles.stride()}")
@@ -147,7 +184,7 @@ def dequantize_tiles(tiles: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
 
 
 def linear_tiles(x: torch.Tensor, tiles: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x [..., K] · Wᵀ (+ bias [N]) → [..., N] in x's dtype, W [N, K] as int4 tiles."""
+    """x [..., K] · Wᵀ (+ bias [N]) → [..., N] in x's dtype, W [N, K] as tiles."""
     checks.check_float("x", x)
     if x.dtype not in (torch.float32, torch.bfloat16):
         raise checks.KernelArgumentError(f"x must be float32 or bfloat16, got {x.dtype}")

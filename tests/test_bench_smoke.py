@@ -73,6 +73,18 @@ def test_bench_kernels_reports_both_engines_against_the_bandwidth():
         assert row["steal_frac"] is None or 0 <= row["steal_frac"] <= 1
 
 
+def test_bench_kernels_measures_quantized_matrices_in_the_engines_layout():
+    import graphrt.kernels as kernels
+    from graphrt.bench.kernels import _matrix, bench_kernels
+    from graphrt.kernels import quant_tiles
+
+    tiled = quant_tiles.wanted(kernels.NATIVE_ISA)
+    assert len(_matrix(32, 64, "int4")) == (1 if tiled else 3) and len(_matrix(40, 64, "int8")) == 3  # 40: no tiles
+    result = bench_kernels(["int4", "int8"], [1, 2], shapes={"t": (32, 64)}, repeats=1, cold_bytes=1 << 16)
+    assert result["quantized_layout"] == ("tiles" if tiled else "the plain layouts")
+    assert len(result["rows"]) == 4 and all(r["graphrt_gb_s"] > 0 and r["aten_gb_s"] > 0 for r in result["rows"])
+
+
 def test_bench_spec_reports_speedup_acceptance_and_step_costs(tiny_tok_model, tmp_path):
     out = tmp_path / "spec.json"
     argv = ["bench", "spec", "--model", tiny_tok_model, "--batch-sizes", "1", "--ks", "2", "--gen-len", "8"]

@@ -36,25 +36,39 @@ QUANTIZED = ("int8", "int4")  # weight formats measured with fp32 activations
 
 def _engines(quantized: bool = False):
     if quantized:  # graphrt reads the quantized bytes; aten gets the matrix dequantised first
-        return {
-            "graphrt": lambda x, w: torch.ops.graphrt.linear_quantized(x, *w, None),
-            "aten": lambda x, w: F.linear(x, torch.ops.graphrt.dequantize(*w, x.dtype)),
-        }
+        return {"graphrt": _quantized_product, "aten": lambda x, w: F.linear(x, _dequantized(w, x.dtype))}
     return {
         "graphrt": lambda x, w: torch.ops.graphrt.linear(x, w, None),
         "aten": lambda x, w: F.linear(x, w),
     }
 
 
+def _quantized_product(x, w: tuple):
+    """(tiles,) or the plain (qweight, scales, mins): the op an engine's graph calls on it."""
+    if len(w) == 1:
+        return torch.ops.graphrt.linear_tiles(x, w[0], None)
+    return torch.ops.graphrt.linear_quantized(x, *w, None)
+
+
+def _dequantized(w: tuple, dtype: torch.dtype):
+    if len(w) == 1:
+        return torch.ops.graphrt.dequantize_tiles(w[0], dtype)
+    return torch.ops.graphrt.dequantize(*w, dtype)
+
+
 def _matrix(n: int, k: int, kind: str):
+    """A random [n, k] matrix as an engine holds it: a quantized one in the layout an engine would
+    give it on this CPU (tiles where ``quant_tiles.wanted``, kernels/quant_tiles.py)."""
+    from graphrt.kernels import NATIVE_ISA, quant_tiles
     from graphrt.kernels.quantized import quantize_int4, quantize_int8
 
     w = torch.randn(n, k)
-    if kind == "int4":
-        return quantize_int4(w)
-    if kind == "int8":
-        return (*quantize_int8(w), None)
-    return w.to(getattr(torch, kind))
+    if kind not in QUANTIZED:
+        return w.to(getattr(torch, kind))
+    q = quantize_int4(w) if kind == "int4" else (*quantize_int8(w), None)
+    if quant_tiles.wanted(NATIVE_ISA) and quant_tiles.tileable(q[0]):
+        return (quant_tiles.to_tiles(*q),)
+    return q
 
 
 def _bytes(w) -> int:
@@ -94,7 +108,13 @@ def bench_kernels(
 
     shapes = shapes or SMOLLM2_SHAPES
     pages = pages_name(huge_pages)
-    print(f"native kernels: {kernels.NATIVE_ISA or 'off'}; read bandwidth measured around each row; {pages} pages")
+    from graphrt.kernels import quant_tiles
+
+    layout = "tiles" if quant_tiles.wanted(kernels.NATIVE_ISA) else "the plain layouts"
+    print(
+        f"native kernels: {kernels.NATIVE_ISA or 'off'}; quantized matrices as {layout}; read bandwidth measured "
+        f"around each row; {pages} pages"
+    )
     results = []
     for dtype_name in dtypes:
         quantized = dtype_name in QUANTIZED
@@ -136,4 +156,4 @@ def bench_kernels(
                 + steal_note(meter.fraction)
             )
         del mats
-    return {"native_isa": kernels.NATIVE_ISA, "pages": pages, "rows": results}
+    return {"native_isa": kernels.NATIVE_ISA, "quantized_layout": layout, "pages": pages, "rows": results}

@@ -80,19 +80,21 @@ inline int64_t vnni_row_bytes(int64_t K, int bits) {
   return groups * vnni_record_bytes(bits) + sums;
 }
 
-// The int4 tile path (tile_quant_gemm.h, kernels/quant_tiles.py): x fp32 [M, K] packed once a
-// call into int8 digits, tile_row_bytes(K) a row (64-byte aligned), then y [M, N] over the row
-// groups [g0, g1) of 16 output columns each (null without AVX512-VNNI); kTileMaxRows activation
-// rows at a time.
+// The tile path (tile_quant_gemm.h, kernels/quant_tiles.py; int4 or int8 by `bits`): x fp32
+// [M, K] packed once a call into int8 digits, tile_row_bytes(K) a row (64-byte aligned), then y
+// [M, N] over the row groups [g0, g1) of 16 output columns each (null without AVX512-VNNI);
+// kTileMaxRows activation rows at a time. More than kVnniMaxRowsNoAmx rows take the widening
+// product instead (fp32 sums, no digits).
 using TilesPackFn = void (*)(const float* x, uint8_t* packed, int64_t M, int64_t K);
 using TilesGemmFn = void (*)(const uint8_t* packed, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
-                             int64_t g0, int64_t g1);
-// More than kVnniMaxRowsNoAmx rows take the widening product instead (fp32 sums, no digits).
+                             int64_t g0, int64_t g1, int bits);
 using TilesWideFn = void (*)(const float* x, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
-                             int64_t g0, int64_t g1);
+                             int64_t g0, int64_t g1, int bits);
 constexpr int64_t kTileMaxRows = 4;
-constexpr int64_t kTileRows = 16, kTileBytes = 320;  // weight rows and bytes of one block's tile
-inline int64_t tile_row_bytes(int64_t K) { return (K / 32 * 72 + 63) / 64 * 64; }  // 64 digits, 2 floats a block
+constexpr int64_t kTileRows = 16;  // weight rows a tile holds side by side
+constexpr int64_t tile_bytes(int bits) { return bits == 4 ? 320 : 544; }  // one block's tile
+// 64 bytes of digits, a lane scale, a sum and a correction a block
+inline int64_t tile_row_bytes(int64_t K) { return (K / 32 * 76 + 63) / 64 * 64; }
 
 // One slice of a logits row, reduced for greedy sampling (greedy.h): its maximum, sum(exp(x -
 // max)), the first index of the maximum and of a NaN (-1: none; with a NaN, max and sum are not set).

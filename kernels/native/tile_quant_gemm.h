@@ -1,9 +1,10 @@
-// int4 tiles (kernels/quant_tiles.py) on AVX512-VNNI's integer dot product. Included by
-// isa_kernels.cpp in the vnni namespace, after vnni_quant_gemm.h (whose activation digits and
-// constants it shares).
+// Quantized tiles (kernels/quant_tiles.py: int4 and int8) on AVX512-VNNI's integer dot product.
+// Included by isa_kernels.cpp in the vnni namespace, after vnni_quant_gemm.h (whose activation
+// digits and constants it shares).
 //
 // A tile's 64 bytes of values hold 16 weight rows' four bytes each, one row a lane; a 4-byte
-// group of one activation row's int8 digits, broadcast to every lane, meets them in one vpdpbusd,
+// group of one activation row's int8 digits, broadcast to every lane, meets them in one vpdpbusd
+// (int4: each byte's two nibbles, two products; int8: the byte, stored as q + 128),
 // so each lane accumulates its own output column and a block ends in 16 outputs at once: no
 // horizontal sum, no spreading of scales over lanes, one stream of weights a thread. The
 // plain layout's one-row product (vnni_quant_gemm.h) spends about 16 instructions on 64 bytes of
@@ -13,10 +14,12 @@
 //
 // The activations are split into two int8 digits per value under each block's scale, exactly as
 // vnni_quant_gemm.h does (x = s * (p0 + p1 / 256) + e); a row's record here is, per block, its 32
-// first digits then its 32 second digits (64 bytes), then the blocks' lane scales s / 256 and
-// their sums of x (the minimums' term), K / 32 floats each. Per lane and block the integer sum
+// first digits then its 32 second digits (64 bytes), then the blocks' lane scales s / 256, their
+// sums of x (int4's minimums' term) and int8's corrections 128 * (256 * sum p0 + sum p1) (the
+// q + 128 offset's share), K / 32 of each. Per lane and block, int4's integer sum
 // 256 * (q . p0) + q . p1 stays below 2^24 (32 products of 15 * 127, times 256, plus 32 of
-// 15 * 128), so its conversion to fp32 is exact.
+// 15 * 128), so its conversion to fp32 is exact; int8's reaches 2^27 (32 * 127 * 127 * 256), so
+// it is rounded once, to fp32's 2^-24 of itself, as a sum of fp32 products would be.
 
 // x fp32 [M, K] → M records of graphrt_native::tile_row_bytes(K) bytes (64-byte aligned).
 static void tiles_pack(const float* x, uint8_t* out, int64_t M, int64_t K) {
@@ -26,6 +29,7 @@ static void tiles_pack(const float* x, uint8_t* out, int64_t M, int64_t K) {
     uint8_t* row = out + m * row_bytes;
     float* lane_scales = reinterpret_cast<float*>(row + blocks * 64);
     float* sums = lane_scales + blocks;
+    int32_t* corrections = reinterpret_cast<int32_t*>(sums + blocks);
     for (int64_t b = 0; b < blocks; ++b) {
       const float* xb = x + m * K + b * 32;
       const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
@@ -45,6 +49,13 @@ static void tiles_pack(const float* x, uint8_t* out, int64_t M, int64_t K) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(digits + 16), _mm512_cvtsepi32_epi8(d0b));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(digits + 32), _mm512_cvtsepi32_epi8(d1a));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(digits + 48), _mm512_cvtsepi32_epi8(d1b));
+      // the stored (saturated) digits' sums
+      const __m512i p0 = _mm512_add_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<__m128i*>(digits))),
+                                          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<__m128i*>(digits + 16))));
+      const __m512i p1 =
+          _mm512_add_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<__m128i*>(digits + 32))),
+                           _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<__m128i*>(digits + 48))));
+      corrections[b] = 128 * (256 * _mm512_reduce_add_epi32(p0) + _mm512_reduce_add_epi32(p1));
     }
   }
 }
@@ -58,40 +69,56 @@ static inline __m512i four_digits(const uint8_t* p) {
 
 // One group of 16 weight rows (its K / 32 tiles from `tile`) against MB activation records from
 // `rec`: 16 outputs each, stored at y (rows `ldy` floats apart).
-template <int MB>
+template <int BITS, int MB>
 static inline void tiles_group(const uint8_t* tile, int64_t blocks, const uint8_t* rec, int64_t row_bytes, float* y,
                                int64_t ldy) {
+  constexpr int64_t kBytes = BITS == 4 ? 320 : 544, kValues = BITS == 4 ? 256 : 512;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   __m512 acc[MB];
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b, tile += 320) {
-    for (int l = 0; l < 320; l += 64) stream_prefetch(tile + kVnniAhead + l);
+  for (int64_t b = 0; b < blocks; ++b, tile += kBytes) {
+    for (int64_t l = 0; l < kBytes; l += 64) stream_prefetch(tile + kVnniAhead + l);
     __m512i first[MB], second[MB];
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) first[i] = second[i] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      const __m512i bytes = _mm512_loadu_si512(tile + 64 * c);
-      const __m512i lo = _mm512_and_si512(bytes, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
 #pragma GCC unroll 8
-      for (int i = 0; i < MB; ++i) {
-        const uint8_t* d = rec + i * row_bytes + b * 64 + 4 * c;
-        first[i] = _mm512_dpbusd_epi32(first[i], lo, four_digits(d));
-        first[i] = _mm512_dpbusd_epi32(first[i], hi, four_digits(d + 16));
-        second[i] = _mm512_dpbusd_epi32(second[i], lo, four_digits(d + 32));
-        second[i] = _mm512_dpbusd_epi32(second[i], hi, four_digits(d + 48));
+    for (int c = 0; c < kValues / 64; ++c) {
+      const __m512i bytes = _mm512_loadu_si512(tile + 64 * c);
+      if constexpr (BITS == 4) {
+        const __m512i lo = _mm512_and_si512(bytes, nibble);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i) {
+          const uint8_t* d = rec + i * row_bytes + b * 64 + 4 * c;
+          first[i] = _mm512_dpbusd_epi32(first[i], lo, four_digits(d));
+          first[i] = _mm512_dpbusd_epi32(first[i], hi, four_digits(d + 16));
+          second[i] = _mm512_dpbusd_epi32(second[i], lo, four_digits(d + 32));
+          second[i] = _mm512_dpbusd_epi32(second[i], hi, four_digits(d + 48));
+        }
+      } else {
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i) {
+          const uint8_t* d = rec + i * row_bytes + b * 64 + 4 * c;
+          first[i] = _mm512_dpbusd_epi32(first[i], bytes, four_digits(d));
+          second[i] = _mm512_dpbusd_epi32(second[i], bytes, four_digits(d + 32));
+        }
       }
     }
-    const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 256)));
-    const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 288)));
+    const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues)));
+    __m512 mins = _mm512_setzero_ps();
+    if constexpr (BITS == 4) mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 288)));
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) {
       const float* lane_scales = reinterpret_cast<const float*>(rec + i * row_bytes + blocks * 64);
-      const __m512i total = _mm512_add_epi32(_mm512_slli_epi32(first[i], 8), second[i]);
+      __m512i total = _mm512_add_epi32(_mm512_slli_epi32(first[i], 8), second[i]);
+      if constexpr (BITS == 8) {
+        const int32_t* corrections = reinterpret_cast<const int32_t*>(lane_scales + 2 * blocks);
+        total = _mm512_sub_epi32(total, _mm512_set1_epi32(corrections[b]));
+      }
       const __m512 s = _mm512_mul_ps(scales, _mm512_set1_ps(lane_scales[b]));
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), s, acc[i]);
-      acc[i] = _mm512_fmadd_ps(mins, _mm512_set1_ps(lane_scales[blocks + b]), acc[i]);
+      if constexpr (BITS == 4) acc[i] = _mm512_fmadd_ps(mins, _mm512_set1_ps(lane_scales[blocks + b]), acc[i]);
     }
   }
 #pragma GCC unroll 8
@@ -99,56 +126,72 @@ static inline void tiles_group(const uint8_t* tile, int64_t blocks, const uint8_
 }
 
 // Activation rows m0 .. m0 + rows (at most kTileMaxRows) against one group of weight rows.
-template <int MB>
+template <int BITS, int MB>
 static inline void tiles_rows(const uint8_t* tile, int64_t blocks, const uint8_t* rec, int64_t row_bytes, float* y,
                               int64_t ldy, int64_t rows) {
   if constexpr (MB > 1) {
-    if (rows < MB) return tiles_rows<MB - 1>(tile, blocks, rec, row_bytes, y, ldy, rows);
+    if (rows < MB) return tiles_rows<BITS, MB - 1>(tile, blocks, rec, row_bytes, y, ldy, rows);
   }
-  tiles_group<MB>(tile, blocks, rec, row_bytes, y, ldy);
+  tiles_group<BITS, MB>(tile, blocks, rec, row_bytes, y, ldy);
 }
 
 // y [M, N] over row groups [g0, g1): each group's tiles are read from memory once, then from L1
 // for the next kTileMaxRows activation rows.
-static void tiles_gemm(const uint8_t* packed, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
-                       int64_t g0, int64_t g1) {
+template <int BITS>
+static void tiles_gemm_bits(const uint8_t* packed, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
+                            int64_t g0, int64_t g1) {
   constexpr int kRows = int(graphrt_native::kTileMaxRows);
   const int64_t blocks = K / 32, row_bytes = graphrt_native::tile_row_bytes(K);
   for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* tile = tiles + g * blocks * 320;
+    const uint8_t* tile = tiles + g * blocks * graphrt_native::tile_bytes(BITS);
     for (int64_t m0 = 0; m0 < M; m0 += kRows)
-      tiles_rows<kRows>(tile, blocks, packed + m0 * row_bytes, row_bytes, y + m0 * N + g * 16, N,
-                        std::min<int64_t>(kRows, M - m0));
+      tiles_rows<BITS, kRows>(tile, blocks, packed + m0 * row_bytes, row_bytes, y + m0 * N + g * 16, N,
+                              std::min<int64_t>(kRows, M - m0));
   }
+}
+
+static void tiles_gemm(const uint8_t* packed, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
+                       int64_t g0, int64_t g1, int bits) {
+  if (bits == 4) return tiles_gemm_bits<4>(packed, tiles, y, M, N, K, g0, g1);
+  tiles_gemm_bits<8>(packed, tiles, y, M, N, K, g0, g1);
 }
 
 // The widening product, for more activation rows than the digits' kernel takes (as the plain
 // layout's quant_gemm.h beyond kVnniMaxRowsNoAmx rows): each value of a tile becomes fp32
 // (q * scale + min, 16 rows a vector) and meets every activation row in fp32, so the sums are
 // fp32's, as in a dequantised matrix times x. MB activation rows from x, 16 outputs each at y.
-template <int MB>
+template <int BITS, int MB>
 static inline void tiles_wide_group(const uint8_t* tile, int64_t blocks, const float* x, int64_t K, float* y,
                                     int64_t ldy) {
-  const __m512i nibble = _mm512_set1_epi32(0x0F);
+  constexpr int64_t kBytes = BITS == 4 ? 320 : 544, kValues = BITS == 4 ? 256 : 512;
+  const __m512i nibble = _mm512_set1_epi32(0x0F), byte = _mm512_set1_epi32(0xFF), offset = _mm512_set1_epi32(128);
   __m512 acc[MB];
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b, tile += 320) {
-    const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 256)));
-    const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 288)));
-    for (int c = 0; c < 4; ++c) {
+  for (int64_t b = 0; b < blocks; ++b, tile += kBytes) {
+    const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues)));
+    __m512 mins = _mm512_setzero_ps();
+    if constexpr (BITS == 4) mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 288)));
+    for (int c = 0; c < kValues / 64; ++c) {
       const __m512i bytes = _mm512_loadu_si512(tile + 64 * c);
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {  // value 4c + j (low nibble of byte j) and 16 + 4c + j (high)
+      for (int j = 0; j < 4; ++j) {  // int4: values 4c + j (low nibble of byte j) and 16 + 4c + j; int8: 4c + j
         const __m512i shifted = _mm512_srli_epi32(bytes, 8 * j);
-        const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(shifted, nibble)), scales, mins);
-        const __m512 hi =
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(shifted, 4), nibble)), scales, mins);
         const int64_t k = b * 32 + 4 * c + j;
+        if constexpr (BITS == 4) {
+          const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(shifted, nibble)), scales, mins);
+          const __m512 hi =
+              _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(shifted, 4), nibble)), scales, mins);
 #pragma GCC unroll 8
-        for (int i = 0; i < MB; ++i) {
-          acc[i] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[i * K + k]), acc[i]);
-          acc[i] = _mm512_fmadd_ps(hi, _mm512_set1_ps(x[i * K + k + 16]), acc[i]);
+          for (int i = 0; i < MB; ++i) {
+            acc[i] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[i * K + k]), acc[i]);
+            acc[i] = _mm512_fmadd_ps(hi, _mm512_set1_ps(x[i * K + k + 16]), acc[i]);
+          }
+        } else {
+          const __m512i q = _mm512_sub_epi32(_mm512_and_si512(shifted, byte), offset);
+          const __m512 w = _mm512_mul_ps(_mm512_cvtepi32_ps(q), scales);
+#pragma GCC unroll 8
+          for (int i = 0; i < MB; ++i) acc[i] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[i * K + k]), acc[i]);
         }
       }
     }
@@ -157,22 +200,29 @@ static inline void tiles_wide_group(const uint8_t* tile, int64_t blocks, const f
   for (int i = 0; i < MB; ++i) _mm512_storeu_ps(y + i * ldy, acc[i]);
 }
 
-template <int MB>
+template <int BITS, int MB>
 static inline void tiles_wide_rows(const uint8_t* tile, int64_t blocks, const float* x, int64_t K, float* y, int64_t ldy,
                                    int64_t rows) {
   if constexpr (MB > 1) {
-    if (rows < MB) return tiles_wide_rows<MB - 1>(tile, blocks, x, K, y, ldy, rows);
+    if (rows < MB) return tiles_wide_rows<BITS, MB - 1>(tile, blocks, x, K, y, ldy, rows);
   }
-  tiles_wide_group<MB>(tile, blocks, x, K, y, ldy);
+  tiles_wide_group<BITS, MB>(tile, blocks, x, K, y, ldy);
 }
 
 // y [M, N] over row groups [g0, g1) from x fp32 [M, K]; eight activation rows at a time.
-static void tiles_gemm_wide(const float* x, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
-                            int64_t g0, int64_t g1) {
+template <int BITS>
+static void tiles_gemm_wide_bits(const float* x, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
+                                 int64_t g0, int64_t g1) {
   constexpr int kRows = 8;
   const int64_t blocks = K / 32;
   for (int64_t g = g0; g < g1; ++g)
     for (int64_t m0 = 0; m0 < M; m0 += kRows)
-      tiles_wide_rows<kRows>(tiles + g * blocks * 320, blocks, x + m0 * K, K, y + m0 * N + g * 16, N,
-                             std::min<int64_t>(kRows, M - m0));
+      tiles_wide_rows<BITS, kRows>(tiles + g * blocks * graphrt_native::tile_bytes(BITS), blocks, x + m0 * K, K,
+                                   y + m0 * N + g * 16, N, std::min<int64_t>(kRows, M - m0));
+}
+
+static void tiles_gemm_wide(const float* x, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
+                            int64_t g0, int64_t g1, int bits) {
+  if (bits == 4) return tiles_gemm_wide_bits<4>(x, tiles, y, M, N, K, g0, g1);
+  tiles_gemm_wide_bits<8>(x, tiles, y, M, N, K, g0, g1);
 }

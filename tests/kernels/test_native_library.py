@@ -40,16 +40,18 @@ CHECK = textwrap.dedent("""
                 errs[f"int{bits} {dtype} {m}x{n}x{k}"] = ((got - want).abs().max() / want.abs().max()).item()
                 got = kernels.dequantize(*q, torch.float32).double()
                 errs[f"dequantize int{bits} {n}x{k}"] = (got - dequantize_torch(*q, torch.float64)).abs().max().item()
-        # int4 tiles (no VNNI: the plain layout's product over the rows put back)
-        for m, n, k in [(1, 48, 96), (4, 16, 576), (6, 32, 64), (20, 16, 160)]:
-            q = quantize_int4(torch.randn(n, k, generator=g))
-            tiles = to_tiles(*q)
-            x = torch.randn(m, k, generator=g).to(dtype)
-            want = x.double() @ dequantize_torch(*q, torch.float64).T
-            errs[f"tiles {dtype} {m}x{n}x{k}"] = ((kernels.linear_tiles(x, tiles).double() - want).abs().max()
-                                                  / want.abs().max()).item()
-            got = kernels.dequantize_tiles(tiles).double()
-            errs[f"dequantize tiles {n}x{k}"] = (got - dequantize_torch(*q, torch.float64)).abs().max().item()
+        # int4 and int8 tiles (no VNNI: the plain layout's product over the rows put back)
+        for bits in (4, 8):
+            for m, n, k in [(1, 48, 96), (4, 16, 576), (6, 32, 64), (20, 16, 160)]:
+                w = torch.randn(n, k, generator=g)
+                q = quantize_int4(w) if bits == 4 else (*quantize_int8(w), None)
+                tiles = to_tiles(*q)
+                x = torch.randn(m, k, generator=g).to(dtype)
+                want = x.double() @ dequantize_torch(*q, torch.float64).T
+                got = kernels.linear_tiles(x, tiles).double()
+                errs[f"tiles{bits} {dtype} {m}x{n}x{k}"] = ((got - want).abs().max() / want.abs().max()).item()
+                got = kernels.dequantize_tiles(tiles).double()
+                errs[f"dequantize tiles{bits} {n}x{k}"] = (got - dequantize_torch(*q, torch.float64)).abs().max().item()
         # head_dim 64 with 3 heads per KV head and 128 with 2 take the register-held path
         for block_size, head_dim, heads in [(1, 8, 6), (16, 24, 6), (64, 64, 6), (16, 128, 4), (16, 128, 8)]:
             bt = make_batch([(200, 200), (300, 1), (33, 9)], block_size, heads, 2, head_dim, dtype=dtype,
@@ -124,7 +126,7 @@ def test_each_path_matches_the_reference(env, isa):
     for name, err in result["errs"].items():
         tol = 1e-5 if "float32" in name or name.startswith("dequantize") else 3e-2
         quantized = re.match(r"int([48]) torch.float32 (\d+)x", name)
-        tiled = re.match(r"tiles torch.float32 (\d+)x", name)
+        tiled = re.match(r"tiles[48] torch.float32 (\d+)x", name)
         if tiled and result["isa"] in ("vnni", "amx") and int(tiled[1]) <= 16:
             tol = 1e-4  # the tiles' digits, as the VNNI dot product's below
         if quantized:

@@ -65,8 +65,10 @@ def test_smollm2_gguf_runs_quantized_like_its_dequantised_self():
     model = quantized.engine.loaded.model
     assert isinstance(model.embed_tokens, QuantizedEmbedding) and model.embed_tokens.bits == 8
     assert isinstance(model.layers[0].mlp.down_proj, QuantizedLinear) and model.layers[0].mlp.down_proj.bits == 4
-    # int4 projections are tiles where this CPU's products read those faster (kernels/quant_tiles.py)
-    assert (model.layers[0].mlp.down_proj.tiles is not None) == quant_tiles.wanted(NATIVE_ISA)
+    # quantized matrices are tiles where this CPU's products read those faster (kernels/quant_tiles.py),
+    # the embedding too: the LM head reads it as tiles, the lookup gathers its rows back
+    tiled = quant_tiles.wanted(NATIVE_ISA)
+    assert (model.layers[0].mlp.down_proj.tiles is not None) == tiled == (model.embed_tokens.tiles is not None)
     assert any("use_skinny_gemm=121" in line for line in quantized.pass_report())  # 120 projections + LM head
     prompts = [quantized.tokenizer.encode(p) for p in PROMPTS]
     q_outs = quantized.generate(prompts, params)

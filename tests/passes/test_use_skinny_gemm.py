@@ -156,26 +156,26 @@ def tile_dequantizes(graph) -> int:
 
 
 @pytest.mark.parametrize("rows", [1, 4, 65])
-def test_int4_tiles_read_their_bytes_at_few_rows_and_prefill_keeps_the_spelling(rows):
-    from graphrt.models.quantized import use_int4_tiles
+def test_tiles_read_their_bytes_at_few_rows_and_prefill_keeps_the_spelling(rows):
+    from graphrt.models.quantized import use_quant_tiles
 
     torch.manual_seed(1)
     model = QuantizedMlp()
     x = torch.randn(rows, 64)
     with torch.no_grad():
         plain = model(x)
-    assert use_int4_tiles(model) == 1  # the int4 up projection; the int8 down one stays plain
+    assert use_quant_tiles(model) == 2  # the int4 up projection and the int8 down one
     rec = RecordingBackend()
     with torch.no_grad():
         got = rec.compile(model)(x)
         want = model(x)
-    torch.testing.assert_close(want, plain)  # eager: the tiles' float matrix is the plain one's
-    assert tile_dequantizes(rec.before) == 1 and dequantizes(rec.before) == 1
+    torch.testing.assert_close(want, plain)  # eager: the tiles' float matrices are the plain ones'
+    assert tile_dequantizes(rec.before) == 2 and dequantizes(rec.before) == 0
     if rows <= 64:
-        assert count(rec.after, TOP) == 1 and count(rec.after, QOP) == 1 and tile_dequantizes(rec.after) == 0
+        assert count(rec.after, TOP) == 2 and count(rec.after, QOP) == 0 and tile_dequantizes(rec.after) == 0
         assert rec.results["use_skinny_gemm"].matched == 2
     else:
-        assert count(rec.after, TOP) == 0 and tile_dequantizes(rec.after) == 1 and count(rec.after, LINEAR) == 2
+        assert count(rec.after, TOP) == 0 and tile_dequantizes(rec.after) == 2 and count(rec.after, LINEAR) == 2
         assert rec.results["use_skinny_gemm"].unmatched == 2
     err = ((got - want).abs().max() / want.abs().max()).item()
     assert err <= DIGITS_TOL, err

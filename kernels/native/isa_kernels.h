@@ -90,7 +90,7 @@ using TilesGemmFn = void (*)(const uint8_t* packed, const uint8_t* tiles, float*
                              int64_t g0, int64_t g1, int bits);
 using TilesWideFn = void (*)(const float* x, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
                              int64_t g0, int64_t g1, int bits);
-constexpr int64_t kTileMaxRows = 4;
+constexpr int64_t kTileMaxRows = 8;  // 8 against 4: 4-9% faster at 5-16 rows (int4 and int8, cold)
 constexpr int64_t kTileRows = 16;  // weight rows a tile holds side by side
 constexpr int64_t tile_bytes(int bits) { return bits == 4 ? 320 : 544; }  // one block's tile
 // 64 bytes of digits, a lane scale, a sum and a correction a block

@@ -1,5 +1,5 @@
-// graphrt's native CPU ops (ops.cpp, sampling.cpp): registered with the dispatcher there, and called directly
-// by AOTInductor packages through the C entry points of c_shims.cpp.
+// graphrt's native CPU ops (ops.cpp, quant_tiles.cpp, sampling.cpp): registered with the dispatcher
+// there, and called directly by AOTInductor packages through the C entry points of c_shims.cpp.
 
 #pragma once
 
@@ -25,6 +25,12 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
                            const at::Tensor& block_tables, const at::Tensor& seq_lens,
                            const at::Tensor& query_start_loc, double scale);
 std::string isa_name();
+
+// ops.cpp's helpers the other op files share: a thread's scratch floats, kept between calls (the
+// contents are whatever the thread's last call left), and `t` as a contiguous tensor of `dtype`
+// without a dispatcher round trip when it already is one.
+float* thread_scratch(int64_t n);
+at::Tensor as_contiguous(const at::Tensor& t, at::ScalarType dtype);
 
 // sampling.cpp: greedy rows of graphrt::sample, and the check that every row is one
 std::tuple<at::Tensor, at::Tensor> greedy_sample(const at::Tensor& logits);

@@ -191,3 +191,35 @@ def test_lora_served_on_chosen_modules_only(tiny_model, adapter_root):
         llm.generate([[5, 6]], GREEDY, use_tqdm=False, lora_request=LoRARequest("wide", 2, wide))
     with pytest.raises(ValueError, match=r"lora_target_modules \['lm_head'\] must be a non-empty subset"):
         make_llm(tiny_model(base), enable_lora=True, lora_target_modules=["lm_head"], **OPTS)
+
+
+def test_adapters_over_a_quantized_base_in_compiled_graphs(tiny_model, adapter_root):
+    """LoRA beside int4 projections (tiles on VNNI CPUs, read by the skinny product in the
+    graphs): the same tokens as the adapter over a float model holding the dequantised weights, and
+    prompt log-probabilities within 1e-3 (the products carry the activations as two int8 digits)."""
+    from graphrt.kernels import NATIVE_ISA, quant_tiles
+    from graphrt.loader import load_model
+    from graphrt.models.quantized import QuantizedEmbedding, QuantizedLinear, dense_weight
+
+    base = "llama_gqa"
+    path = tiny_model(base)
+    lora = LoRARequest("a", 1, make_adapter(adapter_root, base, ATTN + ("down_proj",), 4, 8, seed=21))
+    graphs = dict(compile=True, backend="eager", capture_sizes=CaptureSizes(decode=(4,), mixed=(32,)))
+    opts = dict(enable_lora=True, max_loras=2, max_lora_rank=16, **graphs, **OPTS)
+    quantized = make_llm(path, quantization="int4", **opts)
+    dense = load_model(path).model
+    for name, m in quantized.engine.loaded.model.named_modules():
+        if isinstance(m, (QuantizedLinear, QuantizedEmbedding)):
+            dense.get_submodule(name).weight.data.copy_(dense_weight(m, torch.float32))
+    prompts = random_prompts([5, 19, 11], seed=22)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, prompt_logprobs=0)
+    got = quantized.generate(prompts, params, use_tqdm=False, lora_request=lora)
+    want = make_llm(dense, **opts).generate(prompts, params, use_tqdm=False, lora_request=lora)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for g, w in zip(got, want):
+        lp = [torch.tensor([e[t] for t, e in zip(o.prompt_token_ids[1:], o.prompt_logprobs[1:])]) for o in (g, w)]
+        assert (lp[0] - lp[1]).abs().max().item() < 1e-3
+    assert quantized.stats()["graph_misses"] == 0
+    assert any("use_skinny_gemm" in line for line in quantized.pass_report())
+    tiled = [m.tiles is not None for m in quantized.engine.loaded.model.modules() if isinstance(m, QuantizedLinear)]
+    assert all(tiled) == quant_tiles.wanted(NATIVE_ISA) and any(tiled) == all(tiled)

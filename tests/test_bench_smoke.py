@@ -51,6 +51,7 @@ def test_bench_decode_writes_its_fields(tiny_tok_model, tmp_path):
         assert steal is None or 0 <= steal <= 1
     assert result["profile_shares"] and all(0 <= v < 1 for v in result["profile_shares"].values())
     assert result["machine"]["threads"] >= 1 and result["machine"]["torch"] and result["machine"]["cpu"]
+    assert result["machine"]["quantized_layout"] in ("tiles", "plain")  # what a quantized engine holds here
 
 
 def test_bench_grammar_reports_overhead(tiny_tok_model, tmp_path):

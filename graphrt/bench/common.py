@@ -25,6 +25,8 @@ def cpu_model(path: str = "/proc/cpuinfo") -> str:
 
 
 def machine_facts(dtype: str) -> dict:
+    from graphrt.kernels import NATIVE_ISA, quant_tiles
+
     return {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
@@ -32,6 +34,8 @@ def machine_facts(dtype: str) -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "dtype": dtype,
+        "native_isa": NATIVE_ISA,
+        "quantized_layout": "tiles" if quant_tiles.wanted(NATIVE_ISA) else "plain",
     }
 
 

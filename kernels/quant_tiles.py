@@ -123,14 +123,22 @@ def from_tiles(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Optiona
 
 def rows(tiles: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Rows ``ids`` (any shape) of a tiled matrix in the plain layout: an embedding lookup reads
-    only its rows' groups, and one row of each (traceable: no data read on the host)."""
-    q, s, m = _plain(tiles[ids // ROWS])  # [..., 16, ...] per id
-    lane = (ids % ROWS)[..., None, None]
+    only its rows' groups and takes one lane of each (traceable: no data read on the host)."""
+    bits = BITS[tiles.shape[-1]]
+    v = VALUE_BYTES[bits]
+    picked = tiles[ids // ROWS]  # [..., B, T]: each id's group
+    *lead, B, _ = picked.shape
+    lane = (ids % ROWS).reshape(*lead, 1, 1, 1, 1)
+    quads = picked[..., :v].reshape(*lead, B, v // (4 * ROWS), ROWS, 4)
+    values = torch.gather(quads, -2, lane.expand(*lead, B, v // (4 * ROWS), 1, 4)).reshape(*lead, B * v // ROWS)
+    if bits == 8:
+        values = (values.to(torch.int16) - 128).to(torch.int8)
 
-    def pick(t: torch.Tensor) -> torch.Tensor:
-        return torch.gather(t, -2, lane.expand(*ids.shape, 1, t.shape[-1])).squeeze(-2)
+    def per_row(lo: int) -> torch.Tensor:  # bytes [lo, lo + 32) of each group's tiles → [..., B] float16
+        halves = picked[..., lo : lo + 2 * ROWS].contiguous().view(torch.float16)  # [..., B, 16]
+        return torch.gather(halves, -1, lane.reshape(*lead, 1, 1).expand(*lead, B, 1)).squeeze(-1)
 
-    return pick(q), pick(s), None if m is None else pick(m)
+    return values, per_row(v), per_row(v + 2 * ROWS) if bits == 4 else None
 
 
 def out_features(tiles: torch.Tensor) -> int:

@@ -24,7 +24,6 @@
 // x fp32 [M, K] → M records of graphrt_native::tile_row_bytes(K) bytes (64-byte aligned).
 static void tiles_pack(const float* x, uint8_t* out, int64_t M, int64_t K) {
   const int64_t blocks = K / 32, row_bytes = graphrt_native::tile_row_bytes(K);
-  const __m512 step = _mm512_set1_ps(256.0f);
   for (int64_t m = 0; m < M; ++m) {
     uint8_t* row = out + m * row_bytes;
     float* lane_scales = reinterpret_cast<float*>(row + blocks * 64);
@@ -33,29 +32,15 @@ static void tiles_pack(const float* x, uint8_t* out, int64_t M, int64_t K) {
     for (int64_t b = 0; b < blocks; ++b) {
       const float* xb = x + m * K + b * 32;
       const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-      constexpr int kNonFinite = 0x01 | 0x08 | 0x10 | 0x80;  // NaNs and infinities (max drops NaNs)
-      const bool finite = (_mm512_fpclass_ps_mask(x0, kNonFinite) | _mm512_fpclass_ps_mask(x1, kNonFinite)) == 0;
-      const float s = std::max(amax, kVnniTiny) / 127.0f;
-      lane_scales[b] = finite ? (amax == 0.0f ? 0.0f : s / 256.0f) : std::numeric_limits<float>::quiet_NaN();
+      __m128i p[4];
+      lane_scales[b] = vnni_block_digits(x0, x1, p);
       sums[b] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
-      const __m512 inv = _mm512_set1_ps(finite ? 1.0f / s : 0.0f);
-      const __m512 v0 = _mm512_mul_ps(x0, inv), v1 = _mm512_mul_ps(x1, inv);  // within [-127, 127]
-      const __m512i d0a = _mm512_cvtps_epi32(v0), d0b = _mm512_cvtps_epi32(v1);  // nearest
-      const __m512i d1a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v0, _mm512_cvtepi32_ps(d0a)), step));
-      const __m512i d1b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v1, _mm512_cvtepi32_ps(d0b)), step));
       uint8_t* digits = row + b * 64;
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(digits), _mm512_cvtsepi32_epi8(d0a));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(digits + 16), _mm512_cvtsepi32_epi8(d0b));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(digits + 32), _mm512_cvtsepi32_epi8(d1a));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(digits + 48), _mm512_cvtsepi32_epi8(d1b));
+      for (int i = 0; i < 4; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(digits + 16 * i), p[i]);
       // the stored (saturated) digits' sums
-      const __m512i p0 = _mm512_add_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<__m128i*>(digits))),
-                                          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<__m128i*>(digits + 16))));
-      const __m512i p1 =
-          _mm512_add_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<__m128i*>(digits + 32))),
-                           _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<__m128i*>(digits + 48))));
-      corrections[b] = 128 * (256 * _mm512_reduce_add_epi32(p0) + _mm512_reduce_add_epi32(p1));
+      const __m512i first = _mm512_add_epi32(_mm512_cvtepi8_epi32(p[0]), _mm512_cvtepi8_epi32(p[1]));
+      const __m512i second = _mm512_add_epi32(_mm512_cvtepi8_epi32(p[2]), _mm512_cvtepi8_epi32(p[3]));
+      corrections[b] = 128 * (256 * _mm512_reduce_add_epi32(first) + _mm512_reduce_add_epi32(second));
     }
   }
 }
@@ -125,37 +110,6 @@ static inline void tiles_group(const uint8_t* tile, int64_t blocks, const uint8_
   for (int i = 0; i < MB; ++i) _mm512_storeu_ps(y + i * ldy, acc[i]);
 }
 
-// Activation rows m0 .. m0 + rows (at most kTileMaxRows) against one group of weight rows.
-template <int BITS, int MB>
-static inline void tiles_rows(const uint8_t* tile, int64_t blocks, const uint8_t* rec, int64_t row_bytes, float* y,
-                              int64_t ldy, int64_t rows) {
-  if constexpr (MB > 1) {
-    if (rows < MB) return tiles_rows<BITS, MB - 1>(tile, blocks, rec, row_bytes, y, ldy, rows);
-  }
-  tiles_group<BITS, MB>(tile, blocks, rec, row_bytes, y, ldy);
-}
-
-// y [M, N] over row groups [g0, g1): each group's tiles are read from memory once, then from L1
-// for the next kTileMaxRows activation rows.
-template <int BITS>
-static void tiles_gemm_bits(const uint8_t* packed, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
-                            int64_t g0, int64_t g1) {
-  constexpr int kRows = int(graphrt_native::kTileMaxRows);
-  const int64_t blocks = K / 32, row_bytes = graphrt_native::tile_row_bytes(K);
-  for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* tile = tiles + g * blocks * graphrt_native::tile_bytes(BITS);
-    for (int64_t m0 = 0; m0 < M; m0 += kRows)
-      tiles_rows<BITS, kRows>(tile, blocks, packed + m0 * row_bytes, row_bytes, y + m0 * N + g * 16, N,
-                              std::min<int64_t>(kRows, M - m0));
-  }
-}
-
-static void tiles_gemm(const uint8_t* packed, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
-                       int64_t g0, int64_t g1, int bits) {
-  if (bits == 4) return tiles_gemm_bits<4>(packed, tiles, y, M, N, K, g0, g1);
-  tiles_gemm_bits<8>(packed, tiles, y, M, N, K, g0, g1);
-}
-
 // The widening product, for more activation rows than the digits' kernel takes (as the plain
 // layout's quant_gemm.h beyond kVnniMaxRowsNoAmx rows): each value of a tile becomes fp32
 // (q * scale + min, 16 rows a vector) and meets every activation row in fp32, so the sums are
@@ -200,29 +154,44 @@ static inline void tiles_wide_group(const uint8_t* tile, int64_t blocks, const f
   for (int i = 0; i < MB; ++i) _mm512_storeu_ps(y + i * ldy, acc[i]);
 }
 
-template <int BITS, int MB>
-static inline void tiles_wide_rows(const uint8_t* tile, int64_t blocks, const float* x, int64_t K, float* y, int64_t ldy,
-                                   int64_t rows) {
+// `rows` activation rows (at most MB) against one group of weight rows: records of the digits'
+// product, or fp32 rows of x for the widening one (WIDE), `stride` bytes apart.
+template <int BITS, bool WIDE, int MB>
+static inline void tiles_rows(const uint8_t* tile, int64_t blocks, const uint8_t* act, int64_t stride, int64_t K,
+                              float* y, int64_t ldy, int64_t rows) {
   if constexpr (MB > 1) {
-    if (rows < MB) return tiles_wide_rows<BITS, MB - 1>(tile, blocks, x, K, y, ldy, rows);
+    if (rows < MB) return tiles_rows<BITS, WIDE, MB - 1>(tile, blocks, act, stride, K, y, ldy, rows);
   }
-  tiles_wide_group<BITS, MB>(tile, blocks, x, K, y, ldy);
+  if constexpr (WIDE)
+    tiles_wide_group<BITS, MB>(tile, blocks, reinterpret_cast<const float*>(act), K, y, ldy);
+  else
+    tiles_group<BITS, MB>(tile, blocks, act, stride, y, ldy);
 }
 
-// y [M, N] over row groups [g0, g1) from x fp32 [M, K]; eight activation rows at a time.
-template <int BITS>
-static void tiles_gemm_wide_bits(const float* x, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
-                                 int64_t g0, int64_t g1) {
-  constexpr int kRows = 8;
-  const int64_t blocks = K / 32;
+// y [M, N] over row groups [g0, g1): each group's tiles are read from memory once, then from L1
+// for the next kTileMaxRows activation rows.
+template <int BITS, bool WIDE>
+static void tiles_columns(const uint8_t* act, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
+                          int64_t g0, int64_t g1) {
+  constexpr int kRows = int(graphrt_native::kTileMaxRows);
+  const int64_t blocks = K / 32, stride = WIDE ? K * int64_t(sizeof(float)) : graphrt_native::tile_row_bytes(K);
   for (int64_t g = g0; g < g1; ++g)
     for (int64_t m0 = 0; m0 < M; m0 += kRows)
-      tiles_wide_rows<BITS, kRows>(tiles + g * blocks * graphrt_native::tile_bytes(BITS), blocks, x + m0 * K, K,
-                                   y + m0 * N + g * 16, N, std::min<int64_t>(kRows, M - m0));
+      tiles_rows<BITS, WIDE, kRows>(tiles + g * blocks * graphrt_native::tile_bytes(BITS), blocks, act + m0 * stride,
+                                    stride, K, y + m0 * N + g * 16, N, std::min<int64_t>(kRows, M - m0));
 }
 
+// The digits' product over records packed by tiles_pack.
+static void tiles_gemm(const uint8_t* packed, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
+                       int64_t g0, int64_t g1, int bits) {
+  if (bits == 4) return tiles_columns<4, false>(packed, tiles, y, M, N, K, g0, g1);
+  tiles_columns<8, false>(packed, tiles, y, M, N, K, g0, g1);
+}
+
+// The widening product over x fp32 [M, K].
 static void tiles_gemm_wide(const float* x, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
                             int64_t g0, int64_t g1, int bits) {
-  if (bits == 4) return tiles_gemm_wide_bits<4>(x, tiles, y, M, N, K, g0, g1);
-  tiles_gemm_wide_bits<8>(x, tiles, y, M, N, K, g0, g1);
+  const uint8_t* act = reinterpret_cast<const uint8_t*>(x);
+  if (bits == 4) return tiles_columns<4, true>(act, tiles, y, M, N, K, g0, g1);
+  tiles_columns<8, true>(act, tiles, y, M, N, K, g0, g1);
 }

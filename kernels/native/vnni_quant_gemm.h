@@ -45,35 +45,43 @@ struct VnniLayout {
   static constexpr int64_t kRecord = graphrt_native::vnni_record_bytes(BITS);  // bytes of a row's group record
 };
 
+// One block of 32 activations (x0: values 0..15, x1: 16..31) as two int8 digits under the block's
+// scale s = max|x| / 127: digits[0], [1] the first digit of values 0..15 and 16..31, digits[2],
+// [3] the second, as saturated bytes. Returns the lane scale s / 256: 0 for a block of zeros, NaN
+// for one whose largest magnitude is not finite (that row's outputs are NaN, as in fp32).
+static inline float vnni_block_digits(__m512 x0, __m512 x1, __m128i (&digits)[4]) {
+  const __m512 step = _mm512_set1_ps(256.0f);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+  constexpr int kNonFinite = 0x01 | 0x08 | 0x10 | 0x80;  // NaNs and infinities (max drops NaNs)
+  const bool finite = (_mm512_fpclass_ps_mask(x0, kNonFinite) | _mm512_fpclass_ps_mask(x1, kNonFinite)) == 0;
+  const float s = std::max(amax, kVnniTiny) / 127.0f;
+  const __m512 inv = _mm512_set1_ps(finite ? 1.0f / s : 0.0f);
+  const __m512 v0 = _mm512_mul_ps(x0, inv), v1 = _mm512_mul_ps(x1, inv);  // within [-127, 127]
+  const __m512i d0a = _mm512_cvtps_epi32(v0), d0b = _mm512_cvtps_epi32(v1);  // nearest
+  const __m512i d1a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v0, _mm512_cvtepi32_ps(d0a)), step));
+  const __m512i d1b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v1, _mm512_cvtepi32_ps(d0b)), step));
+  digits[0] = _mm512_cvtsepi32_epi8(d0a);
+  digits[1] = _mm512_cvtsepi32_epi8(d0b);
+  digits[2] = _mm512_cvtsepi32_epi8(d1a);
+  digits[3] = _mm512_cvtsepi32_epi8(d1b);
+  return finite ? (amax == 0.0f ? 0.0f : s / 256.0f) : std::numeric_limits<float>::quiet_NaN();
+}
+
 // x fp32 [M, K] → M rows of graphrt_native::vnni_row_bytes(K, BITS) bytes each (64-byte aligned).
-// A block whose largest magnitude is not finite gets NaN lane scales (that row's outputs are NaN,
-// as in fp32); one of zeros gets zero.
 template <int BITS>
 static void vnni_pack_rows(const float* x, uint8_t* out, int64_t M, int64_t K) {
   using L = VnniLayout<BITS>;
   const int64_t blocks = K / 32, row_bytes = graphrt_native::vnni_row_bytes(K, BITS);
   const int64_t groups = (blocks + L::kBlocks - 1) / L::kBlocks;
   std::memset(out, 0, size_t(M * row_bytes));
-  const __m512 step = _mm512_set1_ps(256.0f);
   for (int64_t m = 0; m < M; ++m) {
     uint8_t* row = out + m * row_bytes;
     for (int64_t b = 0; b < blocks; ++b) {
       const float* xb = x + m * K + b * 32;
       const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-      constexpr int kNonFinite = 0x01 | 0x08 | 0x10 | 0x80;  // NaNs and infinities (max drops NaNs)
-      const bool finite = (_mm512_fpclass_ps_mask(x0, kNonFinite) | _mm512_fpclass_ps_mask(x1, kNonFinite)) == 0;
-      const float s = std::max(amax, kVnniTiny) / 127.0f;
-      const float lane_scale =
-          finite ? (amax == 0.0f ? 0.0f : s / 256.0f) : std::numeric_limits<float>::quiet_NaN();
-      const __m512 inv = _mm512_set1_ps(finite ? 1.0f / s : 0.0f);
-      const __m512 v0 = _mm512_mul_ps(x0, inv), v1 = _mm512_mul_ps(x1, inv);  // within [-127, 127]
-      const __m512i d0a = _mm512_cvtps_epi32(v0), d0b = _mm512_cvtps_epi32(v1);  // nearest
-      const __m512i d1a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v0, _mm512_cvtepi32_ps(d0a)), step));
-      const __m512i d1b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v1, _mm512_cvtepi32_ps(d0b)), step));
-      // k 0..15 and 16..31 of the block, first and second digit, as saturated bytes
-      const __m128i p0a = _mm512_cvtsepi32_epi8(d0a), p0b = _mm512_cvtsepi32_epi8(d0b);
-      const __m128i p1a = _mm512_cvtsepi32_epi8(d1a), p1b = _mm512_cvtsepi32_epi8(d1b);
+      __m128i digits[4];
+      const float lane_scale = vnni_block_digits(x0, x1, digits);
+      const __m128i p0a = digits[0], p0b = digits[1], p1a = digits[2], p1b = digits[3];
       const int64_t c = b % L::kBlocks;
       uint8_t* rec = row + b / L::kBlocks * L::kRecord;
       float* lanes = reinterpret_cast<float*>(rec + (BITS == 4 ? 256 : 128));

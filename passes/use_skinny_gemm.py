@@ -13,7 +13,7 @@ After::
 A quantized weight (``kernels/quantized.py``) is spelled ``linear(x, dequantize(qweight, scales,
 mins, dtype), bias)``; at most ``max_rows`` rows it becomes ``graphrt::linear_quantized(x, qweight,
 scales, mins, bias)``, which reads the stored bytes and never builds the float matrix; a prefill
-graph keeps the spelling (the matrix dequantised once, then aten's GEMM). int4 tiles
+graph keeps the spelling (the matrix dequantised once, then aten's GEMM). Quantized tiles
 (``kernels/quant_tiles.py``) are the same with ``dequantize_tiles(tiles, dtype)`` and
 ``graphrt::linear_tiles(x, tiles, bias)``.
 

@@ -148,7 +148,8 @@ static void gemm_bf16(const uint32_t* pairs, const void* w, float* y, int64_t M,
 }  // namespace amx
 #pragma GCC pop_options
 
-// Quantized weights times 1-5 activation rows on AVX512-VNNI's integer dot product; int4 tiles times any.
+// Quantized weights times 1-5 activation rows on AVX512-VNNI's integer dot product; quantized tiles
+// (int4, int8) times any.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 namespace vnni {

@@ -94,6 +94,11 @@ def to_tiles(qweight: torch.Tensor, scales: torch.Tensor, mins: Optional[torch.T
     return torch.cat(parts, dim=-1).contiguous()
 
 
+def _signed(values: torch.Tensor) -> torch.Tensor:
+    """int8 tiles' stored bytes (q + 128) → q, the inverse of to_tiles' XOR."""
+    return (values ^ 0x80).view(torch.int8)
+
+
 def _plain(tiles: torch.Tensor):
     """[..., B, T] tiles → ([..., 16, B · stored bytes], scales [..., 16, B], mins or None)."""
     bits = BITS[tiles.shape[-1]]
@@ -102,7 +107,7 @@ def _plain(tiles: torch.Tensor):
     values = tiles[..., :v].reshape(*lead, B, v // (4 * ROWS), ROWS, 4)
     values = values.movedim(-2, -4).reshape(*lead, ROWS, B * v // ROWS)  # row r's bytes in order
     if bits == 8:
-        values = (values.to(torch.int16) - 128).to(torch.int8)
+        values = _signed(values)
 
     def per_row(lo: int) -> torch.Tensor:  # bytes [lo, lo + 32) of every tile → [..., 16, B] float16
         return tiles[..., lo : lo + 2 * ROWS].contiguous().view(torch.float16).transpose(-1, -2)
@@ -132,7 +137,7 @@ def rows(tiles: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     quads = picked[..., :v].reshape(*lead, B, v // (4 * ROWS), ROWS, 4)
     values = torch.gather(quads, -2, lane.expand(*lead, B, v // (4 * ROWS), 1, 4)).reshape(*lead, B * v // ROWS)
     if bits == 8:
-        values = (values.to(torch.int16) - 128).to(torch.int8)
+        values = _signed(values)
 
     def per_row(lo: int) -> torch.Tensor:  # bytes [lo, lo + 32) of each group's tiles → [..., B] float16
         halves = picked[..., lo : lo + 2 * ROWS].contiguous().view(torch.float16)  # [..., B, 16]

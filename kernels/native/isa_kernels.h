@@ -92,7 +92,9 @@ using TilesWideFn = void (*)(const float* x, const uint8_t* tiles, float* y, int
                              int64_t g0, int64_t g1, int bits);
 constexpr int64_t kTileMaxRows = 8;  // 8 against 4: 4-9% faster at 5-16 rows (int4 and int8, cold)
 constexpr int64_t kTileRows = 16;  // weight rows a tile holds side by side
-constexpr int64_t tile_bytes(int bits) { return bits == 4 ? 320 : 544; }  // one block's tile
+constexpr int64_t tile_value_bytes(int bits) { return bits == 4 ? 256 : 512; }  // 16 rows' 32 values
+// one block's tile: the values, then 16 float16 scales and (int4) 16 float16 minimums
+constexpr int64_t tile_bytes(int bits) { return tile_value_bytes(bits) + (bits == 4 ? 64 : 32); }
 // 64 bytes of digits, a lane scale, a sum and a correction a block
 inline int64_t tile_row_bytes(int64_t K) { return (K / 32 * 76 + 63) / 64 * 64; }
 

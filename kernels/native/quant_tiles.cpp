@@ -29,7 +29,7 @@ int tile_bits(const at::Tensor& tiles) {
 // One row group's tiles [blocks][tile_bytes] → its 16 rows in the plain layout: q [16][K / 2] (int4)
 // or [16][K] (int8), scales and (int4) mins [16][K / 32] (float16 bits).
 void untile_group(const uint8_t* tile, int64_t blocks, int bits, uint8_t* q, uint16_t* scales, uint16_t* mins) {
-  const int64_t chunks = bits == 4 ? 4 : 8, values = 64 * chunks, row_bytes = 4 * chunks;
+  const int64_t values = tile_value_bytes(bits), chunks = values / 64, row_bytes = 4 * chunks;
   for (int64_t b = 0; b < blocks; ++b, tile += tile_bytes(bits)) {
     for (int64_t r = 0; r < kTileRows; ++r) {
       uint8_t* row = q + (r * blocks + b) * row_bytes;

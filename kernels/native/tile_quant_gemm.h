@@ -57,7 +57,7 @@ static inline __m512i four_digits(const uint8_t* p) {
 template <int BITS, int MB>
 static inline void tiles_group(const uint8_t* tile, int64_t blocks, const uint8_t* rec, int64_t row_bytes, float* y,
                                int64_t ldy) {
-  constexpr int64_t kBytes = BITS == 4 ? 320 : 544, kValues = BITS == 4 ? 256 : 512;
+  constexpr int64_t kBytes = graphrt_native::tile_bytes(BITS), kValues = graphrt_native::tile_value_bytes(BITS);
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   __m512 acc[MB];
 #pragma GCC unroll 8
@@ -92,7 +92,8 @@ static inline void tiles_group(const uint8_t* tile, int64_t blocks, const uint8_
     }
     const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues)));
     __m512 mins = _mm512_setzero_ps();
-    if constexpr (BITS == 4) mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 288)));
+    if constexpr (BITS == 4)
+      mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues + 32)));
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) {
       const float* lane_scales = reinterpret_cast<const float*>(rec + i * row_bytes + blocks * 64);
@@ -117,7 +118,7 @@ static inline void tiles_group(const uint8_t* tile, int64_t blocks, const uint8_
 template <int BITS, int MB>
 static inline void tiles_wide_group(const uint8_t* tile, int64_t blocks, const float* x, int64_t K, float* y,
                                     int64_t ldy) {
-  constexpr int64_t kBytes = BITS == 4 ? 320 : 544, kValues = BITS == 4 ? 256 : 512;
+  constexpr int64_t kBytes = graphrt_native::tile_bytes(BITS), kValues = graphrt_native::tile_value_bytes(BITS);
   const __m512i nibble = _mm512_set1_epi32(0x0F), byte = _mm512_set1_epi32(0xFF), offset = _mm512_set1_epi32(128);
   __m512 acc[MB];
 #pragma GCC unroll 8
@@ -125,7 +126,8 @@ static inline void tiles_wide_group(const uint8_t* tile, int64_t blocks, const f
   for (int64_t b = 0; b < blocks; ++b, tile += kBytes) {
     const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues)));
     __m512 mins = _mm512_setzero_ps();
-    if constexpr (BITS == 4) mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 288)));
+    if constexpr (BITS == 4)
+      mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues + 32)));
     for (int c = 0; c < kValues / 64; ++c) {
       const __m512i bytes = _mm512_loadu_si512(tile + 64 * c);
 #pragma GCC unroll 4
@@ -134,8 +136,8 @@ static inline void tiles_wide_group(const uint8_t* tile, int64_t blocks, const f
         const int64_t k = b * 32 + 4 * c + j;
         if constexpr (BITS == 4) {
           const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(shifted, nibble)), scales, mins);
-          const __m512 hi =
-              _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(shifted, 4), nibble)), scales, mins);
+          const __m512i high = _mm512_and_si512(_mm512_srli_epi32(shifted, 4), nibble);
+          const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), scales, mins);
 #pragma GCC unroll 8
           for (int i = 0; i < MB; ++i) {
             acc[i] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[i * K + k]), acc[i]);

@@ -27,6 +27,7 @@ constexpr int64_t kPrefetchKeys = 8;
 template <int Locality = 3, typename C>
 static inline void prefetch_slot(const C* cache, int64_t slot, int64_t slot_elems) {
   const char* p = reinterpret_cast<const char*>(cache + slot * slot_elems);
+#pragma GCC unroll 4
   for (int64_t b = 0; b < slot_elems * int64_t(sizeof(C)); b += 64) __builtin_prefetch(p + b, 0, Locality);
 }
 
@@ -66,25 +67,35 @@ static inline void chunk_softmax(float* scores, int64_t H, int64_t n, float* m, 
       store(s + i, e);
       total += hsum(e);
     }
-    for (; i < n; ++i) {
-      const vf e = exp_nonpositive(splat(s[i] - mx));
-      s[i] = e[0];
-      total += s[i];
+    if (i < n) {  // the last keys' exps in one vector (one vector each was 13% of a decode call)
+      vf tail = splat(0.0f);
+      for (int64_t j = i; j < n; ++j) tail[j - i] = s[j] - mx;
+      const vf e = exp_nonpositive(tail);
+      for (int64_t j = i; j < n; ++j) {
+        s[j] = e[j - i];
+        total += s[j];
+      }
     }
     m[h] = mx;
     sums[h] = total;
   }
 }
 
-// The chunk with head_dim = DV vectors and G query heads per KV head known at compile time: one
-// KV head at a time, its G queries and G output rows held in registers across the keys (the
-// general loop reloads and re-stores them for every key). Only where they fit the registers. The
-// first KV head's pass prefetches whole slots, so the others find the chunk in L2, and requests
-// the same slots' values into L2 for the value pass: two streams from memory at once instead of
-// one after the other (a probe of 30 layers' attention at 512 keys, each call after a 19 MB
-// product: 55.4 against 58.8 µs a call over seven interleaved pairs).
+// The chunk with head_dim = DV vectors and G query heads per KV head known at compile time, on
+// AVX-512 (where lane_sums exists). One KV head at a time:
+// - scores kLanes keys at a time: for each query head, each key's products summed into one vector,
+//   the kLanes vectors then summed lane-wise by one tree (lane_sums: the same additions as a
+//   horizontal sum a key and head, about a quarter of the instructions). The block's keys are read
+//   from L1 once per query head.
+// - values with the G output rows held in registers across the keys (the general loop reloads
+//   and re-stores them for every key); only where they fit the registers.
+// The first KV head's pass prefetches whole slots, so the others find the chunk in L2, and
+// requests the same slots' values into L2 for the value pass: two streams from memory at once
+// instead of one after the other (a probe of 30 layers' attention at 512 keys, each call after a
+// 19 MB product: 55.4 against 58.8 µs a call over seven interleaved pairs).
+#if GRT_VEC_BYTES == 64 && defined(GRT_LANE_SUMS)
 template <int DV, int G>
-constexpr bool kFitsRegisters = GRT_VEC_BYTES == 64 && DV * (G + 1) <= 28;
+constexpr bool kFitsRegisters = DV * (G + 1) <= 28;
 
 template <typename C, int DV, int G>
 static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cache, const int64_t* blocks, int64_t l0,
@@ -93,22 +104,34 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
   constexpr int64_t D = DV * kLanes;
   const int64_t slot_elems = Hkv * D, n = l1 - l0;
   for (int64_t g = 0; g < Hkv; ++g) {
-    vf qv[G][DV];
-    for (int i = 0; i < G; ++i)
-      for (int d = 0; d < DV; ++d) qv[i][d] = load(q + (g * G + i) * D + d * kLanes);
     SlotCursor at(blocks, block_size, l0), ahead(blocks, block_size, l0 + kPrefetchKeys);
-    for (int64_t l = l0; l < l1; ++l, at.next(), ahead.next()) {
-      if (g == 0 && l + kPrefetchKeys < l1) {
-        prefetch_slot(k_cache, ahead.slot(), slot_elems);
-        prefetch_slot<2>(v_cache, ahead.slot(), slot_elems);  // the V pass's slot, into L2
+    for (int64_t l = l0; l < l1; l += kLanes) {
+      const int64_t count = std::min<int64_t>(kLanes, l1 - l);
+      const C* key[kLanes];
+      for (int64_t j = 0; j < count; ++j, at.next(), ahead.next()) {
+        if (g == 0 && l + j + kPrefetchKeys < l1) {
+          prefetch_slot(k_cache, ahead.slot(), slot_elems);
+          prefetch_slot<2>(v_cache, ahead.slot(), slot_elems);  // the V pass's slot, into L2
+        }
+        key[j] = k_cache + at.slot() * slot_elems + g * D;
       }
-      const C* key = k_cache + at.slot() * slot_elems + g * D;
-      vf kv[DV];
-      for (int d = 0; d < DV; ++d) kv[d] = load(key + d * kLanes);
+      for (int64_t j = count; j < kLanes; ++j) key[j] = key[0];  // a partial block's spare lanes
       for (int i = 0; i < G; ++i) {
-        vf a = qv[i][0] * kv[0];
-        for (int d = 1; d < DV; ++d) a += qv[i][d] * kv[d];
-        scores[(g * G + i) * n + (l - l0)] = hsum(a) * scale;
+        vf qv[DV];
+        for (int d = 0; d < DV; ++d) qv[d] = load(q + (g * G + i) * D + d * kLanes);
+        vf a[kLanes];
+#pragma GCC unroll 16
+        for (int j = 0; j < kLanes; ++j) {
+          a[j] = qv[0] * load(key[j]);
+          for (int d = 1; d < DV; ++d) a[j] += qv[d] * load(key[j] + d * kLanes);
+        }
+        const vf s = lane_sums(a) * splat(scale);
+        float* out = scores + (g * G + i) * n + (l - l0);
+        if (count == kLanes) {
+          store(out, s);
+        } else {
+          for (int64_t j = 0; j < count; ++j) out[j] = s[j];
+        }
       }
     }
   }
@@ -146,18 +169,21 @@ static inline bool try_fixed(int64_t D, int64_t groups, const float* q, const C*
   }
   return false;
 }
+#endif
 
 // q: [H, D] fp32 (H = Hkv * G); scores: scratch [H, l1 - l0]; m, sums: [H]; acc: [H, D].
 template <typename C>
 static void attend_chunk(const float* q, const C* k_cache, const C* v_cache, const int64_t* blocks, int64_t l0,
                          int64_t l1, int64_t block_size, int64_t Hkv, int64_t D, int64_t G, float scale, float* scores,
                          float* m, float* sums, float* acc) {
+#if GRT_VEC_BYTES == 64 && defined(GRT_LANE_SUMS)
 #define GRT_TRY(DV, GG) \
   try_fixed<C, DV, GG>(D, G, q, k_cache, v_cache, blocks, l0, l1, block_size, Hkv, scale, scores, m, sums, acc)
   if (GRT_TRY(4, 1) || GRT_TRY(4, 2) || GRT_TRY(4, 3) || GRT_TRY(4, 4) || GRT_TRY(4, 5) || GRT_TRY(4, 6) ||
       GRT_TRY(8, 1) || GRT_TRY(8, 2))
     return;
 #undef GRT_TRY
+#endif
   const int64_t slot_elems = Hkv * D, n = l1 - l0, H = Hkv * G;
   SlotCursor at(blocks, block_size, l0), ahead(blocks, block_size, l0 + kPrefetchKeys);
   for (int64_t l = l0; l < l1; ++l, at.next(), ahead.next()) {

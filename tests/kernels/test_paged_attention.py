@@ -53,6 +53,18 @@ def test_paged_attention_matches_naive_loop(rows, block_size, heads, dtype, pad)
     torch.testing.assert_close(got.double(), ref.double(), atol=TOL[dtype], rtol=TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim, group", [(64, g) for g in range(1, 7)] + [(128, 1), (128, 2)])
+def test_the_register_path_at_every_block_boundary(head_dim, group, dtype):
+    # head_dim 64 and 128 with these groups take the fixed-shape kernel on AVX-512: scores are taken
+    # 16 keys at a time, so key counts below, at and past a multiple of 16 each end a block differently
+    rows = [(n, 1) for n in (1, 15, 16, 17, 31, 32, 33, 47)] + [(40, 3)]
+    b = make_batch(rows, 16, 2 * group, 2, head_dim, dtype=dtype)
+    scale = head_dim**-0.5
+    got = kernels.paged_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, scale)
+    torch.testing.assert_close(got.double(), naive_attention(b, scale), atol=TOL[dtype], rtol=TOL[dtype])
+
+
 @settings(max_examples=15, deadline=None)
 @given(rows=st.lists(row_st, min_size=1, max_size=3), block_size=st.sampled_from([2, 8]), pad=st.integers(0, 2))
 def test_fused_write_then_attend_equals_write_then_attend(rows, block_size, pad):

@@ -44,6 +44,32 @@ struct SlotCursor {
   }
 };
 
+// Requests a range's K/V slots into L2, spread evenly over `steps` calls of step(): a call walks
+// its thread's next work item this way while it computes the current one, so that memory streams
+// during the compute-bound passes too (without it the cold K/V arrives only in the first K pass,
+// and a step's memory and arithmetic take turns).
+template <typename C>
+struct AheadStream {
+  const C *k_cache, *v_cache;
+  int64_t slot_elems, total, steps, done = 0, taken = 0;
+  SlotCursor at;
+  AheadStream(const C* k, const C* v, int64_t slot_elems_, int64_t block_size, const graphrt_native::KeyRange* next,
+              int64_t steps_)
+      : k_cache(k),
+        v_cache(v),
+        slot_elems(slot_elems_),
+        total(next ? next->l1 - next->l0 : 0),
+        steps(std::max<int64_t>(1, steps_)),
+        at(next ? next->blocks : nullptr, block_size, next ? next->l0 : 0) {}
+  void step() {
+    const int64_t target = total * ++taken / steps;
+    for (; done < target; ++done, at.next()) {
+      prefetch_slot<2>(k_cache, at.slot(), slot_elems);
+      prefetch_slot<2>(v_cache, at.slot(), slot_elems);
+    }
+  }
+};
+
 // Softmax of each head's scores over the chunk, in place (exp(score - max)); m and sums per head.
 static inline void chunk_softmax(float* scores, int64_t H, int64_t n, float* m, float* sums) {
   for (int64_t h = 0; h < H; ++h) {
@@ -92,7 +118,8 @@ static inline void chunk_softmax(float* scores, int64_t H, int64_t n, float* m, 
 // The first KV head's pass prefetches whole slots, so the others find the chunk in L2, and
 // requests the same slots' values into L2 for the value pass: two streams from memory at once
 // instead of one after the other (a probe of 30 layers' attention at 512 keys, each call after a
-// 19 MB product: 55.4 against 58.8 µs a call over seven interleaved pairs).
+// 19 MB product: 55.4 against 58.8 µs a call over seven interleaved pairs). The other passes
+// request the thread's next item (AheadStream).
 #if GRT_VEC_BYTES == 64 && defined(GRT_LANE_SUMS)
 template <int DV, int G>
 constexpr bool kFitsRegisters = DV * (G + 1) <= 28;
@@ -100,9 +127,10 @@ constexpr bool kFitsRegisters = DV * (G + 1) <= 28;
 template <typename C, int DV, int G>
 static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cache, const int64_t* blocks, int64_t l0,
                                int64_t l1, int64_t block_size, int64_t Hkv, float scale, float* scores, float* m,
-                               float* sums, float* acc) {
+                               float* sums, float* acc, const graphrt_native::KeyRange* next) {
   constexpr int64_t D = DV * kLanes;
   const int64_t slot_elems = Hkv * D, n = l1 - l0;
+  AheadStream<C> stream(k_cache, v_cache, slot_elems, block_size, next, (2 * Hkv - 1) * n);
   for (int64_t g = 0; g < Hkv; ++g) {
     SlotCursor at(blocks, block_size, l0), ahead(blocks, block_size, l0 + kPrefetchKeys);
     for (int64_t l = l0; l < l1; l += kLanes) {
@@ -113,6 +141,7 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
           prefetch_slot(k_cache, ahead.slot(), slot_elems);
           prefetch_slot<2>(v_cache, ahead.slot(), slot_elems);  // the V pass's slot, into L2
         }
+        if (g > 0) stream.step();
         key[j] = k_cache + at.slot() * slot_elems + g * D;
       }
       for (int64_t j = count; j < kLanes; ++j) key[j] = key[0];  // a partial block's spare lanes
@@ -142,6 +171,7 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
       for (int d = 0; d < DV; ++d) o[i][d] = vf{};
     SlotCursor at(blocks, block_size, l0), ahead(blocks, block_size, l0 + kPrefetchKeys);
     for (int64_t l = l0; l < l1; ++l, at.next(), ahead.next()) {
+      stream.step();
       if (g == 0 && l + kPrefetchKeys < l1) prefetch_slot(v_cache, ahead.slot(), slot_elems);
       const C* value = v_cache + at.slot() * slot_elems + g * D;
       vf vv[DV];
@@ -160,10 +190,12 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
 template <typename C, int DV, int G>
 static inline bool try_fixed(int64_t D, int64_t groups, const float* q, const C* k_cache, const C* v_cache,
                              const int64_t* blocks, int64_t l0, int64_t l1, int64_t block_size, int64_t Hkv,
-                             float scale, float* scores, float* m, float* sums, float* acc) {
+                             float scale, float* scores, float* m, float* sums, float* acc,
+                             const graphrt_native::KeyRange* next) {
   if constexpr (kFitsRegisters<DV, G>) {
     if (D == DV * kLanes && groups == G) {
-      attend_chunk_fixed<C, DV, G>(q, k_cache, v_cache, blocks, l0, l1, block_size, Hkv, scale, scores, m, sums, acc);
+      attend_chunk_fixed<C, DV, G>(q, k_cache, v_cache, blocks, l0, l1, block_size, Hkv, scale, scores, m, sums, acc,
+                                   next);
       return true;
     }
   }
@@ -175,18 +207,20 @@ static inline bool try_fixed(int64_t D, int64_t groups, const float* q, const C*
 template <typename C>
 static void attend_chunk(const float* q, const C* k_cache, const C* v_cache, const int64_t* blocks, int64_t l0,
                          int64_t l1, int64_t block_size, int64_t Hkv, int64_t D, int64_t G, float scale, float* scores,
-                         float* m, float* sums, float* acc) {
+                         float* m, float* sums, float* acc, const graphrt_native::KeyRange* next) {
 #if GRT_VEC_BYTES == 64 && defined(GRT_LANE_SUMS)
 #define GRT_TRY(DV, GG) \
-  try_fixed<C, DV, GG>(D, G, q, k_cache, v_cache, blocks, l0, l1, block_size, Hkv, scale, scores, m, sums, acc)
+  try_fixed<C, DV, GG>(D, G, q, k_cache, v_cache, blocks, l0, l1, block_size, Hkv, scale, scores, m, sums, acc, next)
   if (GRT_TRY(4, 1) || GRT_TRY(4, 2) || GRT_TRY(4, 3) || GRT_TRY(4, 4) || GRT_TRY(4, 5) || GRT_TRY(4, 6) ||
       GRT_TRY(8, 1) || GRT_TRY(8, 2))
     return;
 #undef GRT_TRY
 #endif
   const int64_t slot_elems = Hkv * D, n = l1 - l0, H = Hkv * G;
+  AheadStream<C> stream(k_cache, v_cache, slot_elems, block_size, next, 2 * n);
   SlotCursor at(blocks, block_size, l0), ahead(blocks, block_size, l0 + kPrefetchKeys);
   for (int64_t l = l0; l < l1; ++l, at.next(), ahead.next()) {
+    stream.step();
     if (l + kPrefetchKeys < l1) prefetch_slot(k_cache, ahead.slot(), slot_elems);
     const C* row = k_cache + at.slot() * slot_elems;
     for (int64_t h = 0; h < H; ++h) scores[h * n + (l - l0)] = dot(q + h * D, row + (h / G) * D, D) * scale;
@@ -195,6 +229,7 @@ static void attend_chunk(const float* q, const C* k_cache, const C* v_cache, con
   for (int64_t i = 0; i < H * D; ++i) acc[i] = 0.0f;
   SlotCursor at_v(blocks, block_size, l0), ahead_v(blocks, block_size, l0 + kPrefetchKeys);
   for (int64_t l = l0; l < l1; ++l, at_v.next(), ahead_v.next()) {
+    stream.step();
     if (l + kPrefetchKeys < l1) prefetch_slot(v_cache, ahead_v.slot(), slot_elems);
     const C* row = v_cache + at_v.slot() * slot_elems;
     for (int64_t h = 0; h < H; ++h) {

@@ -340,6 +340,7 @@ class LLMEngine(EngineStartup):
 
     def _finish(self, tracked: _Tracked, reason: str) -> None:
         self.scheduler.finish(tracked.request, reason)
+        tracked.detok.finish(tracked.request.output_token_ids)
         self._sync_output(tracked)
         tracked.output.finish_reason = reason
 

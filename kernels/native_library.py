@@ -37,7 +37,7 @@ import warnings
 import torch
 
 NATIVE_DIR = pathlib.Path(__file__).parent / "native"
-SOURCES = ("isa_kernels.cpp", "ops.cpp", "quant_tiles.cpp", "sampling.cpp", "c_shims.cpp")
+SOURCES = ("isa_kernels.cpp", "ops.cpp", "attention.cpp", "quant_tiles.cpp", "sampling.cpp", "c_shims.cpp")
 ISAS = ("amx", "vnni", "avx512", "avx2", "portable")
 LIBRARY = "libgraphrt_cpu.so"
 

@@ -1,5 +1,5 @@
-// CPU implementations of graphrt::linear, linear_quantized, dequantize, slot_mapping and
-// paged_attention over the ISA kernel table (the tiles' two ops: quant_tiles.cpp).
+// CPU implementations of graphrt::linear, linear_quantized and dequantize over the ISA kernel
+// table (the tiles' two ops: quant_tiles.cpp; slot_mapping and paged_attention: attention.cpp).
 //
 // The ops' schemas are defined in Python (kernels/linear.py, quantized.py, cache.py,
 // attention.py); this library registers their CPU kernels, so a compiled graph (Inductor's
@@ -24,9 +24,6 @@
 
 namespace graphrt_native {
 
-constexpr int64_t kChunk = 128;    // keys per attention work item, at most
-constexpr int64_t kMinChunk = 32;  // and at least, where a step is split further for its threads
-
 // A thread's scratch floats, kept between calls: a decode step runs ~150 products and attention
 // calls, each of whose threads needs kilobytes of scratch; a fresh vector each time cost a malloc,
 // a zeroing memset and a free. The contents are whatever the thread's last call left.
@@ -46,14 +43,6 @@ at::Tensor as_contiguous(const at::Tensor& t, at::ScalarType dtype) {
 namespace {
 
 bool is_weight_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16; }
-
-// fp32 → bf16 bits, round to nearest even (NaN stays NaN), as torch's conversion.
-inline uint16_t round_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 // Columns [n0, n1) of y [M, N]: bias added (when given), then rounded into out (when bf16).
 void finish_columns(float* y, const float* bias, uint16_t* out, int64_t M, int64_t N, int64_t n0, int64_t n1) {
@@ -229,196 +218,12 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
   return x.dim() == 2 ? out : out.reshape(shape);
 }
 
-namespace {
-
-void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
-              const at::Tensor& slot_mapping) {
-  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type(),
-              "graphrt::paged_attention: k/v and the caches must share a dtype");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "graphrt::paged_attention: caches must be contiguous");
-  // k/v [T, ...] are often views of a fused projection's output: each token's row must be
-  // contiguous, the tokens may be any distance apart (no copy of the whole tensor then)
-  auto rows_of = [](const at::Tensor& t) {
-    int64_t expected = 1;
-    for (int64_t i = t.dim() - 1; i >= 1; --i) {
-      if (t.size(i) != 1 && t.stride(i) != expected) return t.contiguous();
-      expected *= t.size(i);
-    }
-    return t;
-  };
-  const at::Tensor kc = rows_of(k), vc = rows_of(v);
-  const at::Tensor slots = as_contiguous(slot_mapping, at::kLong);
-  const int64_t T = kc.size(0), row = kc.numel() / std::max<int64_t>(1, T);
-  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
-  const int64_t bytes = row * kc.element_size();
-  const int64_t kstride = kc.stride(0) * kc.element_size(), vstride = vc.stride(0) * vc.element_size();
-  const int64_t* sp = slots.data_ptr<int64_t>();
-  char* kd = static_cast<char*>(k_cache.data_ptr());
-  char* vd = static_cast<char*>(v_cache.data_ptr());
-  const char* ks = static_cast<const char*>(kc.data_ptr());
-  const char* vs = static_cast<const char*>(vc.data_ptr());
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t s = sp[t];
-    if (s < 0) continue;
-    TORCH_CHECK(s < num_slots, "graphrt::paged_attention: slot ", s, " is outside the cache's ", num_slots, " slots");
-    std::memcpy(kd + s * bytes, ks + t * kstride, bytes);
-    std::memcpy(vd + s * bytes, vs + t * vstride, bytes);
-  }
-}
-
-}  // namespace
-
-// Cache slot of every token: block_tables[req, pos / block_size] * block_size + pos % block_size,
-// -1 for padding tokens (token_req < 0); the torch body's seven dispatches, in one loop.
-at::Tensor slot_mapping(const at::Tensor& positions, const at::Tensor& token_req, const at::Tensor& block_tables,
-                        int64_t block_size) {
-  TORCH_CHECK(positions.dim() == 1 && token_req.sizes() == positions.sizes() && block_tables.dim() == 2,
-              "graphrt::slot_mapping: positions and token_req are [num_tokens], block_tables 2-D");
-  TORCH_CHECK(block_size > 0, "graphrt::slot_mapping: block_size must be positive, got ", block_size);
-  const at::Tensor pos = as_contiguous(positions, at::kLong), req = as_contiguous(token_req, at::kLong);
-  const at::Tensor tables = as_contiguous(block_tables, at::kLong);
-  const int64_t T = pos.size(0), R = tables.size(0), B = tables.size(1);
-  at::Tensor out = at::empty({T}, pos.options());
-  const int64_t *pp = pos.data_ptr<int64_t>(), *rp = req.data_ptr<int64_t>(), *tp = tables.data_ptr<int64_t>();
-  int64_t* op = out.data_ptr<int64_t>();
-  for (int64_t t = 0; t < T; ++t) {
-    if (rp[t] < 0) {
-      op[t] = -1;
-      continue;
-    }
-    const int64_t p = pp[t], r = rp[t];
-    const int64_t b = p >= 0 ? p / block_size : -((-p + block_size - 1) / block_size);  // floor, as `//`
-    TORCH_CHECK(r < R && b >= 0 && b < B, "graphrt::slot_mapping: token ", t, " (request ", r, ", position ", p,
-                ") is outside block_tables [", R, ", ", B, "]");
-    op[t] = tp[r * B + b] * block_size + (p - b * block_size);
-  }
-  return out;
-}
-
-// q [T, H, D] over caches [num_blocks, block_size, Hkv, D]: rows of any kind (prefill, chunked
-// prefill, decode) in one call; token t of row r sits at position seq_len[r] - (qsl[r+1] - t).
-at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v,
-                           at::Tensor& k_cache, at::Tensor& v_cache, const std::optional<at::Tensor>& slot_mapping,
-                           const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                           const at::Tensor& query_start_loc, double scale) {
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "graphrt::paged_attention: q is [T, H, D], caches 4-D");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type(), "graphrt::paged_attention: q and the caches must share a dtype");
-  TORCH_CHECK(is_weight_dtype(k_cache.scalar_type()), "graphrt::paged_attention: native kernel takes float32 or bfloat16");
-  if (k.has_value() && k->defined()) write_kv(*k, *v, k_cache, v_cache, *slot_mapping);
-  const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
-  const int64_t block_size = k_cache.size(1), Hkv = k_cache.size(2), G = H / Hkv;
-  const at::Tensor qf = as_contiguous(q, at::kFloat);
-  const at::Tensor tables = as_contiguous(block_tables, at::kLong);
-  const at::Tensor lens = as_contiguous(seq_lens, at::kLong);
-  const at::Tensor qsl = as_contiguous(query_start_loc, at::kLong);
-  const int64_t R = lens.size(0), B = tables.size(1);
-  const int64_t* lp = lens.data_ptr<int64_t>();
-  const int64_t* qp = qsl.data_ptr<int64_t>();
-  const int64_t* tp = tables.data_ptr<int64_t>();
-  // Each token's row and number of visible keys (0: padding, or a row of no sequence).
-  std::vector<int64_t> token_row(T, -1), n_keys(T, 0);
-  for (int64_t r = 0; r < R; ++r) {
-    for (int64_t t = std::max<int64_t>(0, qp[r]); t < std::min(T, qp[r + 1]); ++t) {
-      const int64_t keys = lp[r] - (qp[r + 1] - t) + 1;
-      TORCH_CHECK(keys <= B * block_size, "graphrt::paged_attention: row ", r, " has ", lp[r],
-                  " keys, more than its block table holds");
-      token_row[t] = r;
-      n_keys[t] = std::max<int64_t>(0, keys);
-    }
-  }
-  // Work items: each token's keys in chunks (sized below), so that a decode step of one token still
-  // gives every thread work; partial results merge per token below (max-rescaled sums). A row's
-  // tokens (a verify step's k + 1, a prefill chunk's) see the same keys: the items run chunk by
-  // chunk, each chunk's tokens one after another, so a chunk's K/V comes from memory once and
-  // from L2 for the row's other tokens (token by token, a long context's K/V left the cache
-  // between tokens: a verify step of 6 tokens at 2,100 keys cost 3.2 main steps).
-  // A row's keys split into equal chunks of at most kChunk keys (192 keys: two of 96, where 128
-  // and 64 left a thread waiting); a step of few chunks, not a multiple of the threads, splits
-  // each row's chunks further (one decode row of up to kChunk keys was one item, on one thread).
-  struct Item {
-    int64_t t, l0, l1;
-  };
-  std::vector<int64_t> most(R, 0), pieces(R, 0);
-  int64_t total = 0;
-  for (int64_t r = 0; r < R; ++r) {
-    for (int64_t t = std::max<int64_t>(0, qp[r]); t < std::min(T, qp[r + 1]); ++t)
-      most[r] = std::max(most[r], n_keys[t]);
-    pieces[r] = (most[r] + kChunk - 1) / kChunk;
-    total += pieces[r];
-  }
-  const int64_t threads = at::get_num_threads();
-  if (total > 0 && total < 4 * threads && total % threads != 0) {
-    const int64_t times = threads / std::gcd(total, threads);
-    for (int64_t r = 0; r < R; ++r)
-      if (most[r] >= times * pieces[r] * kMinChunk) pieces[r] *= times;
-  }
-  std::vector<Item> items;
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t t0 = std::max<int64_t>(0, qp[r]), t1 = std::min(T, qp[r + 1]);
-    for (int64_t p = 0; p < pieces[r]; ++p) {
-      const int64_t l0 = most[r] * p / pieces[r], l1 = most[r] * (p + 1) / pieces[r];
-      for (int64_t t = t0; t < t1; ++t)
-        if (l0 < n_keys[t]) items.push_back({t, l0, std::min(n_keys[t], l1)});
-    }
-  }
-  // each token's items, in key order (the merge's order: the same sums as token by token)
-  std::vector<std::vector<int64_t>> token_items(T);
-  for (int64_t i = 0; i < static_cast<int64_t>(items.size()); ++i) token_items[items[i].t].push_back(i);
-  const int64_t I = static_cast<int64_t>(items.size());
-  std::vector<float> m(I * H), sums(I * H), acc(I * H * D);
-  const float* qd = qf.data_ptr<float>();
-  const void* kd = k_cache.data_ptr();
-  const void* vd = v_cache.data_ptr();
-  const IsaKernels& isa = isa_kernels();
-  const AttendFn attend = k_cache.scalar_type() == at::kFloat ? isa.attend_f32 : isa.attend_bf16;
-  const float fscale = static_cast<float>(scale);
-  at::parallel_for(0, I, 1, [&](int64_t i0, int64_t i1) {
-    float* scores = thread_scratch(H * kChunk);
-    for (int64_t i = i0; i < i1; ++i) {
-      const Item& it = items[i];
-      const int64_t* blocks = tp + token_row[it.t] * B;
-      // The thread's next item streams in while this one computes, unless it reads the same keys
-      // (a row's next token: already in L2). A decode step of eight rows at 150 keys, 30 layers'
-      // cold K/V: 64-67 against 80-98 µs a call.
-      KeyRange next{nullptr, 0, 0};
-      if (i + 1 < i1) next = {tp + token_row[items[i + 1].t] * B, items[i + 1].l0, items[i + 1].l1};
-      const bool fresh = next.blocks != nullptr && !(next.blocks == blocks && next.l0 == it.l0);
-      attend(qd + it.t * H * D, kd, vd, blocks, it.l0, it.l1, block_size, Hkv, D, G, fscale, scores, &m[i * H],
-             &sums[i * H], &acc[i * H * D], fresh ? &next : nullptr);
-    }
-  });
-  at::Tensor out = at::empty({T, H, D}, qf.options());
-  float* od = out.data_ptr<float>();
-  for (int64_t t = 0; t < T; ++t) {  // merge each token's chunks (a token with none: zeros)
-    const std::vector<int64_t>& its = token_items[t];
-    float* o = od + t * H * D;
-    std::fill(o, o + H * D, 0.0f);
-    if (its.empty()) continue;
-    for (int64_t h = 0; h < H; ++h) {
-      float mx = m[its[0] * H + h];
-      for (const int64_t i : its) mx = std::max(mx, m[i * H + h]);
-      float total = 0.0f;
-      for (const int64_t i : its) {
-        const float w = std::exp(m[i * H + h] - mx);
-        total += w * sums[i * H + h];
-        const float* a = &acc[(i * H + h) * D];
-        for (int64_t d = 0; d < D; ++d) o[h * D + d] += w * a[d];
-      }
-      const float inv = 1.0f / total;
-      for (int64_t d = 0; d < D; ++d) o[h * D + d] *= inv;
-    }
-  }
-  return q.scalar_type() == at::kFloat ? out : out.to(q.scalar_type());
-}
-
 std::string isa_name() { return isa_kernels().name; }
 
 }  // namespace graphrt_native
 
 TORCH_LIBRARY_IMPL(graphrt, CPU, m) {
   m.impl("linear", &graphrt_native::linear);
-  m.impl("paged_attention", &graphrt_native::paged_attention);
-  m.impl("slot_mapping", &graphrt_native::slot_mapping);
   m.impl("dequantize", &graphrt_native::dequantize);
   m.impl("linear_quantized", &graphrt_native::linear_quantized);
   }

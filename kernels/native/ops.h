@@ -1,10 +1,12 @@
-// graphrt's native CPU ops (ops.cpp, quant_tiles.cpp, sampling.cpp): registered with the dispatcher
+// graphrt's native CPU ops (ops.cpp, attention.cpp, quant_tiles.cpp, sampling.cpp): registered with the dispatcher
 // there, and called directly by AOTInductor packages through the C entry points of c_shims.cpp.
 
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -31,6 +33,22 @@ std::string isa_name();
 // without a dispatcher round trip when it already is one.
 float* thread_scratch(int64_t n);
 at::Tensor as_contiguous(const at::Tensor& t, at::ScalarType dtype);
+
+// bf16 bits ↔ fp32: widening is a shift; narrowing rounds to nearest even (NaN stays NaN), as
+// torch's conversion.
+inline float bf16_to_float(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+inline uint16_t round_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
 // sampling.cpp: greedy rows of graphrt::sample, and the check that every row is one
 std::tuple<at::Tensor, at::Tensor> greedy_sample(const at::Tensor& logits);

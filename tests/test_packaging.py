@@ -29,6 +29,18 @@ def test_every_package_folder_is_listed_and_mapped():
                 assert (sub / "__init__.py").exists(), sub
 
 
+def test_an_installed_package_carries_the_native_sources():
+    # a wheel holds only what package-data names beside the Python files: the native kernels are
+    # compiled from these on first use, so each must be named
+    import fnmatch
+
+    patterns = _setuptools()["package-data"]["graphrt.kernels"]
+    sources = [p.relative_to(ROOT / "kernels").as_posix() for p in (ROOT / "kernels" / "native").iterdir()]
+    assert sources
+    for name in sources:
+        assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name
+
+
 def test_imports_resolve_to_the_top_level_folders():
     import graphrt.kernels
     import graphrt.passes

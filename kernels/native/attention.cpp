@@ -204,11 +204,14 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
       // The thread's next item streams in while this one computes, unless it reads the same keys
       // (a row's next token: already in L2). A decode step of eight rows at 150 keys, 30 layers'
       // cold K/V: 64-67 against 80-98 µs a call.
-      KeyRange next{nullptr, 0, 0};
-      if (i + 1 < i1) next = {tp + token_row[items[i + 1].t] * B, items[i + 1].l0, items[i + 1].l1};
-      const bool fresh = next.blocks != nullptr && !(next.blocks == blocks && next.l0 == it.l0);
+      KeyRange next{};
+      const KeyRange* ahead = nullptr;
+      if (i + 1 < i1) {
+        next = {tp + token_row[items[i + 1].t] * B, items[i + 1].l0, items[i + 1].l1};
+        if (next.blocks != blocks || next.l0 != it.l0) ahead = &next;
+      }
       attend(qd + it.t * H * D, kd, vd, blocks, it.l0, it.l1, block_size, Hkv, D, G, fscale, scores, &m[i * H],
-             &sums[i * H], &acc[i * H * D], fresh ? &next : nullptr);
+             &sums[i * H], &acc[i * H * D], ahead);
     }
   });
   // the output in q's dtype: a bf16 token's merged row is rounded from fp32 (no dispatched copy)

@@ -60,6 +60,7 @@ static inline float hsum(vf v) {
 
 #if GRT_VEC_BYTES == 64 && defined(__has_builtin)
 #if __has_builtin(__builtin_shufflevector)
+// (A macro outlives the namespace whose simd.h defined it: users test GRT_VEC_BYTES == 64 too.)
 #define GRT_LANE_SUMS 1
 // The sums of 16 vectors at once: lane j of the result is the sum of a[j]'s lanes, added in the
 // same order as hsum (so each equals hsum(a[j]) bit for bit). A tree of 15 pairings, each two

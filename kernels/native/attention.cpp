@@ -18,7 +18,7 @@
 
 namespace graphrt_native {
 
-constexpr int64_t kChunk = 128;    // keys per attention work item, at most
+constexpr int64_t kChunk = kMaxChunkKeys;  // keys per attention work item, at most
 constexpr int64_t kMinChunk = 32;  // and at least, where a step is split further for its threads
 
 namespace {

@@ -9,13 +9,16 @@ namespace graphrt_native {
 using GemmFn = void (*)(const float* x, const void* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
                         int64_t n1);
 
+// Keys a work item covers, at most (paged attention's chunks).
+constexpr int64_t kMaxChunkKeys = 128;
+
 // Keys [l0, l1) of a sequence whose block table is `blocks`: a work item's keys.
 struct KeyRange {
   const int64_t* blocks;
   int64_t l0, l1;
 };
 
-// One query token's heads over its keys [l0, l1): q [H, D]; per head the chunk's max score m,
+// One query token's heads over its keys [l0, l1) (at most kMaxChunkKeys of them): q [H, D]; per head the chunk's max score m,
 // sum of exponentials and unnormalised output acc [H, D]; scores is scratch [H, l1 - l0]. `next`
 // (or null): the keys of the thread's next item, whose K/V the call requests while it computes.
 using AttendFn = void (*)(const float* q, const void* k_cache, const void* v_cache, const int64_t* blocks, int64_t l0,

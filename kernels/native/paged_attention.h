@@ -23,12 +23,17 @@ static inline float dot(const float* q, const C* key, int64_t D) {
 // a decode step is cold, so latency, not bandwidth, bounds a loop that waits for each row.
 constexpr int64_t kPrefetchKeys = 8;
 
-// Locality 3 (the default) requests the slot into L1, 2 into L2.
+// Locality 3 (the default) requests the bytes into L1, 2 into L2.
+template <int Locality = 3>
+static inline void prefetch_bytes(const void* at, int64_t bytes) {
+  const char* p = static_cast<const char*>(at);
+#pragma GCC unroll 4
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, Locality);
+}
+
 template <int Locality = 3, typename C>
 static inline void prefetch_slot(const C* cache, int64_t slot, int64_t slot_elems) {
-  const char* p = reinterpret_cast<const char*>(cache + slot * slot_elems);
-#pragma GCC unroll 4
-  for (int64_t b = 0; b < slot_elems * int64_t(sizeof(C)); b += 64) __builtin_prefetch(p + b, 0, Locality);
+  prefetch_bytes<Locality>(cache + slot * slot_elems, slot_elems * int64_t(sizeof(C)));
 }
 
 // Key l's cache slot, walked key by key: one division where the walk starts, then a step to the
@@ -47,11 +52,12 @@ struct SlotCursor {
 // Requests a range's K/V slots into L2, spread evenly over `steps` calls of step(): a call walks
 // its thread's next work item this way while it computes the current one, so that memory streams
 // during the compute-bound passes too (without it the cold K/V arrives only in the first K pass,
-// and a step's memory and arithmetic take turns).
+// and a step's memory and arithmetic take turns). The spread is an error accumulator (a division
+// a call was 5% of a decode call).
 template <typename C>
 struct AheadStream {
   const C *k_cache, *v_cache;
-  int64_t slot_elems, total, steps, done = 0, taken = 0;
+  int64_t slot_elems, total, steps, done = 0, owed = 0;
   SlotCursor at;
   AheadStream(const C* k, const C* v, int64_t slot_elems_, int64_t block_size, const graphrt_native::KeyRange* next,
               int64_t steps_)
@@ -61,9 +67,8 @@ struct AheadStream {
         total(next ? next->l1 - next->l0 : 0),
         steps(std::max<int64_t>(1, steps_)),
         at(next ? next->blocks : nullptr, block_size, next ? next->l0 : 0) {}
-  void step() {
-    const int64_t target = total * ++taken / steps;
-    for (; done < target; ++done, at.next()) {
+  void step(int64_t calls = 1) {  // as `calls` calls of one step
+    for (owed += total * calls; owed >= steps && done < total; owed -= steps, ++done, at.next()) {
       prefetch_slot<2>(k_cache, at.slot(), slot_elems);
       prefetch_slot<2>(v_cache, at.slot(), slot_elems);
     }
@@ -129,21 +134,28 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
                                int64_t l1, int64_t block_size, int64_t Hkv, float scale, float* scores, float* m,
                                float* sums, float* acc, const graphrt_native::KeyRange* next) {
   constexpr int64_t D = DV * kLanes;
-  const int64_t slot_elems = Hkv * D, n = l1 - l0;
+  const int64_t slot_elems = Hkv * D, slot_bytes = slot_elems * int64_t(sizeof(C)), n = l1 - l0;
+  // each key's slot, found once: the passes below index it (a walk through the block table in
+  // every pass cost about ten instructions a key and pass, and the registers it held)
+  int64_t slot[graphrt_native::kMaxChunkKeys];
+  {
+    SlotCursor at(blocks, block_size, l0);
+    for (int64_t j = 0; j < n; ++j, at.next()) slot[j] = at.slot() * slot_elems;
+  }
   AheadStream<C> stream(k_cache, v_cache, slot_elems, block_size, next, (2 * Hkv - 1) * n);
   for (int64_t g = 0; g < Hkv; ++g) {
-    SlotCursor at(blocks, block_size, l0), ahead(blocks, block_size, l0 + kPrefetchKeys);
-    for (int64_t l = l0; l < l1; l += kLanes) {
-      const int64_t count = std::min<int64_t>(kLanes, l1 - l);
-      const C* key[kLanes];
-      for (int64_t j = 0; j < count; ++j, at.next(), ahead.next()) {
-        if (g == 0 && l + j + kPrefetchKeys < l1) {
-          prefetch_slot(k_cache, ahead.slot(), slot_elems);
-          prefetch_slot<2>(v_cache, ahead.slot(), slot_elems);  // the V pass's slot, into L2
+    for (int64_t l = 0; l < n; l += kLanes) {
+      const int64_t count = std::min<int64_t>(kLanes, n - l);
+      if (g == 0) {
+        for (int64_t j = l + kPrefetchKeys; j < std::min(n, l + kLanes + kPrefetchKeys); ++j) {
+          prefetch_bytes(k_cache + slot[j], slot_bytes);
+          prefetch_bytes<2>(v_cache + slot[j], slot_bytes);  // the V pass's slot, into L2
         }
-        if (g > 0) stream.step();
-        key[j] = k_cache + at.slot() * slot_elems + g * D;
+      } else {
+        stream.step(count);
       }
+      const C* key[kLanes];
+      for (int64_t j = 0; j < count; ++j) key[j] = k_cache + slot[l + j] + g * D;
       for (int64_t j = count; j < kLanes; ++j) key[j] = key[0];  // a partial block's spare lanes
       for (int i = 0; i < G; ++i) {
         vf qv[DV];
@@ -155,7 +167,7 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
           for (int d = 1; d < DV; ++d) a[j] += qv[d] * load(key[j] + d * kLanes);
         }
         const vf s = lane_sums(a) * splat(scale);
-        float* out = scores + (g * G + i) * n + (l - l0);
+        float* out = scores + (g * G + i) * n + l;
         if (count == kLanes) {
           store(out, s);
         } else {
@@ -169,16 +181,17 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
     vf o[G][DV];
     for (int i = 0; i < G; ++i)
       for (int d = 0; d < DV; ++d) o[i][d] = vf{};
-    SlotCursor at(blocks, block_size, l0), ahead(blocks, block_size, l0 + kPrefetchKeys);
-    for (int64_t l = l0; l < l1; ++l, at.next(), ahead.next()) {
+    const C* values = v_cache + g * D;
+    const float* p = scores + g * G * n;
+    for (int64_t j = 0; j < n; ++j) {
       stream.step();
-      if (g == 0 && l + kPrefetchKeys < l1) prefetch_slot(v_cache, ahead.slot(), slot_elems);
-      const C* value = v_cache + at.slot() * slot_elems + g * D;
+      if (g == 0 && j + kPrefetchKeys < n) prefetch_bytes(v_cache + slot[j + kPrefetchKeys], slot_bytes);
+      const C* value = values + slot[j];
       vf vv[DV];
       for (int d = 0; d < DV; ++d) vv[d] = load(value + d * kLanes);
       for (int i = 0; i < G; ++i) {
-        const vf p = splat(scores[(g * G + i) * n + (l - l0)]);
-        for (int d = 0; d < DV; ++d) o[i][d] += p * vv[d];
+        const vf pi = splat(p[i * n + j]);
+        for (int d = 0; d < DV; ++d) o[i][d] += pi * vv[d];
       }
     }
     for (int i = 0; i < G; ++i)
@@ -193,7 +206,7 @@ static inline bool try_fixed(int64_t D, int64_t groups, const float* q, const C*
                              float scale, float* scores, float* m, float* sums, float* acc,
                              const graphrt_native::KeyRange* next) {
   if constexpr (kFitsRegisters<DV, G>) {
-    if (D == DV * kLanes && groups == G) {
+    if (D == DV * kLanes && groups == G && l1 - l0 <= graphrt_native::kMaxChunkKeys) {
       attend_chunk_fixed<C, DV, G>(q, k_cache, v_cache, blocks, l0, l1, block_size, Hkv, scale, scores, m, sums, acc,
                                    next);
       return true;

@@ -33,7 +33,9 @@ static inline float to_float(uint16_t v) {
   return out;
 }
 
-static inline vf splat(float s) { return vf{} + s; }
+// s - 0 is s for every s (-0 too), so this compiles to one broadcast, from memory where s is
+// there (an FMA's operand then); vf{} + s added first, then broadcast.
+static inline vf splat(float s) { return s - vf{}; }
 
 // Sum of the lanes, by halving: extract-and-add instructions rather than a scalar chain.
 static inline float hsum(vf v) {

@@ -135,12 +135,13 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
                                float* sums, float* acc, const graphrt_native::KeyRange* next) {
   constexpr int64_t D = DV * kLanes;
   const int64_t slot_elems = Hkv * D, slot_bytes = slot_elems * int64_t(sizeof(C)), n = l1 - l0;
-  // each key's slot, found once: the passes below index it (a walk through the block table in
-  // every pass cost about ten instructions a key and pass, and the registers it held)
-  int64_t slot[graphrt_native::kMaxChunkKeys];
+  // each key's slot as an offset into the caches, found once: the passes below index it (a walk
+  // through the block table in every pass cost about ten instructions a key and pass, and the
+  // registers it held)
+  int64_t offset[graphrt_native::kMaxChunkKeys];
   {
     SlotCursor at(blocks, block_size, l0);
-    for (int64_t j = 0; j < n; ++j, at.next()) slot[j] = at.slot() * slot_elems;
+    for (int64_t j = 0; j < n; ++j, at.next()) offset[j] = at.slot() * slot_elems;
   }
   AheadStream<C> stream(k_cache, v_cache, slot_elems, block_size, next, (2 * Hkv - 1) * n);
   for (int64_t g = 0; g < Hkv; ++g) {
@@ -148,14 +149,14 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
       const int64_t count = std::min<int64_t>(kLanes, n - l);
       if (g == 0) {
         for (int64_t j = l + kPrefetchKeys; j < std::min(n, l + kLanes + kPrefetchKeys); ++j) {
-          prefetch_bytes(k_cache + slot[j], slot_bytes);
-          prefetch_bytes<2>(v_cache + slot[j], slot_bytes);  // the V pass's slot, into L2
+          prefetch_bytes(k_cache + offset[j], slot_bytes);
+          prefetch_bytes<2>(v_cache + offset[j], slot_bytes);  // the V pass's slot, into L2
         }
       } else {
         stream.step(count);
       }
       const C* key[kLanes];
-      for (int64_t j = 0; j < count; ++j) key[j] = k_cache + slot[l + j] + g * D;
+      for (int64_t j = 0; j < count; ++j) key[j] = k_cache + offset[l + j] + g * D;
       for (int64_t j = count; j < kLanes; ++j) key[j] = key[0];  // a partial block's spare lanes
       for (int i = 0; i < G; ++i) {
         vf qv[DV];
@@ -185,8 +186,8 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
     const float* p = scores + g * G * n;
     for (int64_t j = 0; j < n; ++j) {
       stream.step();
-      if (g == 0 && j + kPrefetchKeys < n) prefetch_bytes(v_cache + slot[j + kPrefetchKeys], slot_bytes);
-      const C* value = values + slot[j];
+      if (g == 0 && j + kPrefetchKeys < n) prefetch_bytes(v_cache + offset[j + kPrefetchKeys], slot_bytes);
+      const C* value = values + offset[j];
       vf vv[DV];
       for (int d = 0; d < DV; ++d) vv[d] = load(value + d * kLanes);
       for (int i = 0; i < G; ++i) {

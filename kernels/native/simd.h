@@ -33,8 +33,8 @@ static inline float to_float(uint16_t v) {
   return out;
 }
 
-// s - 0 is s for every s (-0 too), so this compiles to one broadcast, from memory where s is
-// there (an FMA's operand then); vf{} + s added first, then broadcast.
+// s - 0 is s for every s (-0 too), so this compiles to one broadcast (from memory where s is
+// there, an FMA's operand then); vf{} + s compiled to an add, then a broadcast.
 static inline vf splat(float s) { return s - vf{}; }
 
 // Sum of the lanes, by halving: extract-and-add instructions rather than a scalar chain.

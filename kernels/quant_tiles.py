@@ -54,15 +54,16 @@ _lib.define("linear_tiles(Tensor x, Tensor tiles, Tensor? bias) -> Tensor")
 
 def wanted(isa: Optional[str]) -> bool:
     """Whether quantized projections (and embedding tables) are stored as tiles on this CPU: where
-    the native kernels run on AVX512-VNNI without AMX tiles (``isa`` "vnni"). An AMD EPYC
-    (family 1Ah), 30 layers of SmolLM2's int4 projections, cold, two threads: 40.5 against 26.9
-    GB/s in the plain layout. A CPU with AMX keeps the plain layouts, whose 6-8-row products run
-    on AMX there (tiles are not measured on one). ``GRAPHRT_QUANT_TILES=0`` or ``1`` overrides
-    the choice."""
+    the native kernels run on AVX512-VNNI (``isa`` "vnni", or "amx": VNNI beside AMX tiles). An
+    AMD EPYC (family 1Ah), 30 layers of SmolLM2's int4 projections, cold, two threads: 40.5
+    against 26.9 GB/s in the plain layout. An Intel Xeon with AMX, SmolLM2's shapes cold (`graphrt
+    bench kernels`): one row int4 24.5 against 22.2 GB/s, int8 28.0 against 23.9; eight rows int4
+    12.5 against 10.2 (the plain layout's AMX tiles), int8 17.5 against 18.3.
+    ``GRAPHRT_QUANT_TILES=0`` or ``1`` overrides the choice."""
     forced = os.environ.get("GRAPHRT_QUANT_TILES")
     if forced in ("0", "1"):
         return forced == "1"
-    return isa == "vnni"
+    return isa in ("vnni", "amx")
 
 
 def tileable(qweight: torch.Tensor) -> bool:

@@ -52,63 +52,73 @@ static inline __m512i four_digits(const uint8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// One group of 16 weight rows (its K / 32 tiles from `tile`) against MB activation records from
-// `rec`: 16 outputs each, stored at y (rows `ldy` floats apart).
-template <int BITS, int MB>
-static inline void tiles_group(const uint8_t* tile, int64_t blocks, const uint8_t* rec, int64_t row_bytes, float* y,
-                               int64_t ldy) {
+// NG groups of 16 weight rows (each its K / 32 tiles, from tiles[g]) against MB activation records
+// from `rec`: 16 outputs each per group, stored at y[g] (rows `ldy` floats apart). NG = 2 reads two
+// groups' streams at once (tiles_columns, one activation row).
+template <int BITS, int MB, int NG = 1>
+static inline void tiles_group(const uint8_t* const* tiles, int64_t blocks, const uint8_t* rec, int64_t row_bytes,
+                               float* const* y, int64_t ldy) {
   constexpr int64_t kBytes = graphrt_native::tile_bytes(BITS), kValues = graphrt_native::tile_value_bytes(BITS);
   const __m512i nibble = _mm512_set1_epi8(0x0F);
-  __m512 acc[MB];
+  __m512 acc[NG][MB];
 #pragma GCC unroll 8
-  for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b, tile += kBytes) {
-    for (int64_t l = 0; l < kBytes; l += 64) stream_prefetch(tile + kVnniAhead + l);
-    __m512i first[MB], second[MB];
+  for (int g = 0; g < NG; ++g)
 #pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i) first[i] = second[i] = _mm512_setzero_si512();
+    for (int i = 0; i < MB; ++i) acc[g][i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; ++g) {
+      const uint8_t* tile = tiles[g] + b * kBytes;
+      for (int64_t l = 0; l < kBytes; l += 64) stream_prefetch(tile + kVnniAhead + l);
+      __m512i first[MB], second[MB];
 #pragma GCC unroll 8
-    for (int c = 0; c < kValues / 64; ++c) {
-      const __m512i bytes = _mm512_loadu_si512(tile + 64 * c);
-      if constexpr (BITS == 4) {
-        const __m512i lo = _mm512_and_si512(bytes, nibble);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+      for (int i = 0; i < MB; ++i) first[i] = second[i] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-        for (int i = 0; i < MB; ++i) {
-          const uint8_t* d = rec + i * row_bytes + b * 64 + 4 * c;
-          first[i] = _mm512_dpbusd_epi32(first[i], lo, four_digits(d));
-          first[i] = _mm512_dpbusd_epi32(first[i], hi, four_digits(d + 16));
-          second[i] = _mm512_dpbusd_epi32(second[i], lo, four_digits(d + 32));
-          second[i] = _mm512_dpbusd_epi32(second[i], hi, four_digits(d + 48));
-        }
-      } else {
+      for (int c = 0; c < kValues / 64; ++c) {
+        const __m512i bytes = _mm512_loadu_si512(tile + 64 * c);
+        if constexpr (BITS == 4) {
+          const __m512i lo = _mm512_and_si512(bytes, nibble);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
 #pragma GCC unroll 8
-        for (int i = 0; i < MB; ++i) {
-          const uint8_t* d = rec + i * row_bytes + b * 64 + 4 * c;
-          first[i] = _mm512_dpbusd_epi32(first[i], bytes, four_digits(d));
-          second[i] = _mm512_dpbusd_epi32(second[i], bytes, four_digits(d + 32));
+          for (int i = 0; i < MB; ++i) {
+            const uint8_t* d = rec + i * row_bytes + b * 64 + 4 * c;
+            first[i] = _mm512_dpbusd_epi32(first[i], lo, four_digits(d));
+            first[i] = _mm512_dpbusd_epi32(first[i], hi, four_digits(d + 16));
+            second[i] = _mm512_dpbusd_epi32(second[i], lo, four_digits(d + 32));
+            second[i] = _mm512_dpbusd_epi32(second[i], hi, four_digits(d + 48));
+          }
+        } else {
+#pragma GCC unroll 8
+          for (int i = 0; i < MB; ++i) {
+            const uint8_t* d = rec + i * row_bytes + b * 64 + 4 * c;
+            first[i] = _mm512_dpbusd_epi32(first[i], bytes, four_digits(d));
+            second[i] = _mm512_dpbusd_epi32(second[i], bytes, four_digits(d + 32));
+          }
         }
       }
-    }
-    const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues)));
-    __m512 mins = _mm512_setzero_ps();
-    if constexpr (BITS == 4)
-      mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues + 32)));
+      const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues)));
+      __m512 mins = _mm512_setzero_ps();
+      if constexpr (BITS == 4)
+        mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues + 32)));
 #pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i) {
-      const float* lane_scales = reinterpret_cast<const float*>(rec + i * row_bytes + blocks * 64);
-      __m512i total = _mm512_add_epi32(_mm512_slli_epi32(first[i], 8), second[i]);
-      if constexpr (BITS == 8) {
-        const int32_t* corrections = reinterpret_cast<const int32_t*>(lane_scales + 2 * blocks);
-        total = _mm512_sub_epi32(total, _mm512_set1_epi32(corrections[b]));
+      for (int i = 0; i < MB; ++i) {
+        const float* lane_scales = reinterpret_cast<const float*>(rec + i * row_bytes + blocks * 64);
+        __m512i total = _mm512_add_epi32(_mm512_slli_epi32(first[i], 8), second[i]);
+        if constexpr (BITS == 8) {
+          const int32_t* corrections = reinterpret_cast<const int32_t*>(lane_scales + 2 * blocks);
+          total = _mm512_sub_epi32(total, _mm512_set1_epi32(corrections[b]));
+        }
+        const __m512 s = _mm512_mul_ps(scales, _mm512_set1_ps(lane_scales[b]));
+        acc[g][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), s, acc[g][i]);
+        if constexpr (BITS == 4)
+          acc[g][i] = _mm512_fmadd_ps(mins, _mm512_set1_ps(lane_scales[blocks + b]), acc[g][i]);
       }
-      const __m512 s = _mm512_mul_ps(scales, _mm512_set1_ps(lane_scales[b]));
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), s, acc[i]);
-      if constexpr (BITS == 4) acc[i] = _mm512_fmadd_ps(mins, _mm512_set1_ps(lane_scales[blocks + b]), acc[i]);
     }
   }
+#pragma GCC unroll 2
+  for (int g = 0; g < NG; ++g)
 #pragma GCC unroll 8
-  for (int i = 0; i < MB; ++i) _mm512_storeu_ps(y + i * ldy, acc[i]);
+    for (int i = 0; i < MB; ++i) _mm512_storeu_ps(y[g] + i * ldy, acc[g][i]);
 }
 
 // The widening product, for more activation rows than the digits' kernel takes (as the plain
@@ -167,20 +177,38 @@ static inline void tiles_rows(const uint8_t* tile, int64_t blocks, const uint8_t
   if constexpr (WIDE)
     tiles_wide_group<BITS, MB>(tile, blocks, reinterpret_cast<const float*>(act), K, y, ldy);
   else
-    tiles_group<BITS, MB>(tile, blocks, act, stride, y, ldy);
+    tiles_group<BITS, MB>(&tile, blocks, act, stride, &y, ldy);
 }
 
 // y [M, N] over row groups [g0, g1): each group's tiles are read from memory once, then from L1
 // for the next kTileMaxRows activation rows.
+//
+// One activation row on a CPU that does not take one stream a thread best (kAmdStreams: Intel's)
+// reads two groups at a time, one from each half of the thread's range, so that two streams are
+// in flight: on an Intel Xeon with AMX, SmolLM2's shapes cold with two threads (`graphrt bench
+// kernels --rows 1` over tiles), int4 17.3-17.5 GB/s with one stream against 23.2-24.5 with two,
+// int8 22.0-22.1 against 25.8-27.7 (the plain layout: 21.6-21.8 and 23.5-24.2).
 template <int BITS, bool WIDE>
 static void tiles_columns(const uint8_t* act, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
                           int64_t g0, int64_t g1) {
   constexpr int kRows = int(graphrt_native::kTileMaxRows);
   const int64_t blocks = K / 32, stride = WIDE ? K * int64_t(sizeof(float)) : graphrt_native::tile_row_bytes(K);
+  const int64_t group_bytes = blocks * graphrt_native::tile_bytes(BITS);
+  if constexpr (!WIDE) {
+    if (M == 1 && !graphrt_native::kAmdStreams) {
+      const int64_t half = (g1 - g0) / 2;
+      for (int64_t g = g0; g < g0 + half; ++g) {
+        const uint8_t* pair[2] = {tiles + g * group_bytes, tiles + (g + half) * group_bytes};
+        float* out[2] = {y + g * 16, y + (g + half) * 16};
+        tiles_group<BITS, 1, 2>(pair, blocks, act, stride, out, N);
+      }
+      g0 += 2 * half;  // an odd group left over: below
+    }
+  }
   for (int64_t g = g0; g < g1; ++g)
     for (int64_t m0 = 0; m0 < M; m0 += kRows)
-      tiles_rows<BITS, WIDE, kRows>(tiles + g * blocks * graphrt_native::tile_bytes(BITS), blocks, act + m0 * stride,
-                                    stride, K, y + m0 * N + g * 16, N, std::min<int64_t>(kRows, M - m0));
+      tiles_rows<BITS, WIDE, kRows>(tiles + g * group_bytes, blocks, act + m0 * stride, stride, K,
+                                    y + m0 * N + g * 16, N, std::min<int64_t>(kRows, M - m0));
 }
 
 // The digits' product over records packed by tiles_pack.

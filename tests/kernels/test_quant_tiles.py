@@ -155,7 +155,7 @@ def test_leading_dims_and_the_portable_body():
 
 def test_the_tiles_switch(monkeypatch):
     monkeypatch.delenv("GRAPHRT_QUANT_TILES", raising=False)
-    assert wanted("vnni") and not wanted("amx") and not wanted("avx2") and not wanted(None)
+    assert wanted("vnni") and wanted("amx") and not wanted("avx512") and not wanted("avx2") and not wanted(None)
     monkeypatch.setenv("GRAPHRT_QUANT_TILES", "0")
     assert not wanted("vnni")
     monkeypatch.setenv("GRAPHRT_QUANT_TILES", "1")

@@ -180,14 +180,29 @@ static inline void tiles_rows(const uint8_t* tile, int64_t blocks, const uint8_t
     tiles_group<BITS, MB>(&tile, blocks, act, stride, &y, ldy);
 }
 
+constexpr int kTilePairMaxRows = 4;  // activation rows that read two groups at once (tiles_columns)
+
+// Two groups of weight rows against `rows` activation rows (at most MB), as tiles_rows.
+template <int BITS, int MB>
+static inline void tiles_pair_rows(const uint8_t* const* pair, int64_t blocks, const uint8_t* act, int64_t stride,
+                                   float* const* y, int64_t ldy, int64_t rows) {
+  if constexpr (MB > 1) {
+    if (rows < MB) return tiles_pair_rows<BITS, MB - 1>(pair, blocks, act, stride, y, ldy, rows);
+  }
+  tiles_group<BITS, MB, 2>(pair, blocks, act, stride, y, ldy);
+}
+
 // y [M, N] over row groups [g0, g1): each group's tiles are read from memory once, then from L1
 // for the next kTileMaxRows activation rows.
 //
-// One activation row on a CPU that does not take one stream a thread best (kAmdStreams: Intel's)
-// reads two groups at a time, one from each half of the thread's range, so that two streams are
-// in flight: on an Intel Xeon with AMX, SmolLM2's shapes cold with two threads (`graphrt bench
-// kernels --rows 1` over tiles), int4 17.3-17.5 GB/s with one stream against 23.2-24.5 with two,
-// int8 22.0-22.1 against 25.8-27.7 (the plain layout: 21.6-21.8 and 23.5-24.2).
+// Up to kTilePairMaxRows activation rows on a CPU that does not take one stream a thread best
+// (kAmdStreams: Intel's) read two groups at a time, one from each half of the thread's range, so
+// that two streams are in flight. On an Intel Xeon with AMX, SmolLM2's shapes cold with two
+// threads (`graphrt bench kernels` over tiles, two runs each), one stream against two: int4 at
+// one row 17.3-17.5 GB/s against 23.2-24.5, two rows 16.2-16.4 against 22.4-22.6, four 16.9-17.0
+// against 18.7-18.9; int8 22.0-22.1 against 25.8-28.0, 20.2-20.6 against 24.6-25.7, 19.3-19.4
+// against 22.6-23.1. At eight rows two groups' accumulators spill (int4 12.4-13.4 against
+// 10.4-10.9).
 template <int BITS, bool WIDE>
 static void tiles_columns(const uint8_t* act, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
                           int64_t g0, int64_t g1) {
@@ -195,12 +210,12 @@ static void tiles_columns(const uint8_t* act, const uint8_t* tiles, float* y, in
   const int64_t blocks = K / 32, stride = WIDE ? K * int64_t(sizeof(float)) : graphrt_native::tile_row_bytes(K);
   const int64_t group_bytes = blocks * graphrt_native::tile_bytes(BITS);
   if constexpr (!WIDE) {
-    if (M == 1 && !graphrt_native::kAmdStreams) {
+    if (M <= kTilePairMaxRows && !graphrt_native::kAmdStreams) {
       const int64_t half = (g1 - g0) / 2;
       for (int64_t g = g0; g < g0 + half; ++g) {
         const uint8_t* pair[2] = {tiles + g * group_bytes, tiles + (g + half) * group_bytes};
         float* out[2] = {y + g * 16, y + (g + half) * 16};
-        tiles_group<BITS, 1, 2>(pair, blocks, act, stride, out, N);
+        tiles_pair_rows<BITS, kTilePairMaxRows>(pair, blocks, act, stride, out, N, M);
       }
       g0 += 2 * half;  // an odd group left over: below
     }

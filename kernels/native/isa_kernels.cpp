@@ -4,7 +4,7 @@
 // each with its vector width and the skinny GEMM's register tiles (GRT_SMALL_*: weight rows x
 // activation rows for 2-4 rows; GRT_WIDE_*: for more, sized to the register file; measured with
 // `graphrt bench kernels`):
-// amx (vnni plus AMX tiles: bf16 products of 2-16 rows, quantized ones of 6-8), vnni (avx512 plus
+// amx (vnni plus AMX tiles: bf16 products of 2-16 rows, quantized ones of 5-8), vnni (avx512 plus
 // AVX512-VNNI's integer dot product for quantized weights at 1-5 rows), avx512 (AVX-512F/BW + FMA),
 // avx2 (AVX2 + FMA) and portable (the compiler's baseline). Each
 // x86 namespace is compiled under `#pragma GCC target`, so one library runs on any x86-64 CPU and
@@ -124,13 +124,15 @@ static void gemm_bf16_dot(const uint16_t* x, const void* w, float* y, int64_t M,
 // bf16 x bf16 with 2 to 16 activation rows on AMX tiles (amx_gemm.h); other row counts, ragged
 // shapes and the rows beyond the last full block of 32 take the dot product above. Quantized
 // weights with 6 to 8 activation rows (int4: amx_quant_gemm.h, int8: amx_int8_gemm.h); the rows
-// beyond the last full block of 16 take the avx512 vector kernel.
+// beyond the last full block of 16 take the avx512 vector kernel. Quantized tiles with 5 to 8
+// activation rows (amx_tile_quant_gemm.h).
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,amx-int8,avx2,fma,f16c")
 namespace amx {
 #include "amx_gemm.h"
 #include "amx_quant_gemm.h"
 #include "amx_int8_gemm.h"
+#include "amx_tile_quant_gemm.h"
 static void pack_parts(const float* x, uint32_t* parts, float* sums, int64_t M, int64_t K, int bits) {
   if (bits == 4) return amx_pack_parts(x, parts, sums, M, K);
   amx_pack_slices(x, reinterpret_cast<int32_t*>(parts), sums, M, K);
@@ -218,6 +220,7 @@ static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, Atte
   k.tiles_pack = nullptr;
   k.tiles_gemm = nullptr;
   k.tiles_gemm_wide = nullptr;
+  k.tiles_gemm_amx = nullptr;
   k.gemm_f32 = gf;
   k.gemm_bf16 = gb;
   k.attend_f32 = af;
@@ -278,6 +281,7 @@ static IsaKernels choose() {
       k.tiles_pack = vnni::tiles_pack;
       k.tiles_gemm = vnni::tiles_gemm;
       k.tiles_gemm_wide = vnni::tiles_gemm_wide;
+      k.tiles_gemm_amx = amx::tiles_gemm_amx;
       return k;
     }
     if (std::strcmp(isa, "vnni") == 0 || std::strcmp(isa, "avx512") == 0) {

@@ -99,6 +99,10 @@ inline int64_t vnni_row_bytes(int64_t K, int bits) {
 using TilesPackFn = void (*)(const float* x, uint8_t* packed, int64_t M, int64_t K);
 using TilesGemmFn = void (*)(const uint8_t* packed, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
                              int64_t g0, int64_t g1, int bits);
+// AMX-INT8 over tiles (amx_tile_quant_gemm.h): kTileAmxMinRows..kTileAmxMaxRows records packed by
+// tiles_pack, tiles_amx_scratch(M, K) bytes of scratch (64-byte aligned) a thread.
+using TilesAmxFn = void (*)(const uint8_t* packed, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
+                            int64_t g0, int64_t g1, int bits, uint8_t* scratch);
 using TilesWideFn = void (*)(const float* x, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
                              int64_t g0, int64_t g1, int bits);
 constexpr int64_t kTileMaxRows = 8;  // 8 against 4: 4-9% faster at 5-16 rows (int4 and int8, cold)
@@ -108,6 +112,9 @@ constexpr int64_t tile_value_bytes(int bits) { return bits == 4 ? 256 : 512; }  
 constexpr int64_t tile_bytes(int bits) { return tile_value_bytes(bits) + (bits == 4 ? 64 : 32); }
 // 64 bytes of digits, a lane scale, a sum and a correction a block
 inline int64_t tile_row_bytes(int64_t K) { return (K / 32 * 76 + 63) / 64 * 64; }
+constexpr int64_t kTileAmxMinRows = 5, kTileAmxMaxRows = 8;  // a C tile holds 16 rows: 2 digits of 8
+// the A digits [K / 32][2M][32], rings of two groups' C blocks [2M][16] int32 and int4's B blocks [8][64]
+inline int64_t tiles_amx_scratch(int64_t M, int64_t K) { return K / 32 * 2 * M * 32 + (kAmxQuantLag + 1) * 2 * (1024 + 512); }
 
 // One slice of a logits row, reduced for greedy sampling (greedy.h): its maximum, sum(exp(x -
 // max)), the first index of the maximum and of a NaN (-1: none; with a NaN, max and sum are not set).
@@ -134,6 +141,7 @@ struct IsaKernels {
   TilesPackFn tiles_pack;
   TilesGemmFn tiles_gemm;
   TilesWideFn tiles_gemm_wide;
+  TilesAmxFn tiles_gemm_amx;
   DequantFn dequantize;
   ArgmaxFn argmax_sumexp;
 };

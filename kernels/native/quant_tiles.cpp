@@ -97,11 +97,15 @@ at::Tensor linear_tiles(const at::Tensor& x, const at::Tensor& tiles, const std:
     // linear_quantized).
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / (blocks * tile_bytes(bits)));
     const bool digits = M <= kVnniMaxRowsNoAmx;  // beyond: fp32 sums, as the plain layout's product
+    // AMX tiles where the CPU has them, for the rows a C tile holds (the same outputs)
+    const bool amx = isa.tiles_gemm_amx != nullptr && M >= kTileAmxMinRows && M <= kTileAmxMaxRows;
+    const int64_t amx_bytes = amx ? tiles_amx_scratch(M, K) : 0;
     at::parallel_for(0, G, grain, [&](int64_t g0, int64_t g1) {
       if (!digits) return isa.tiles_gemm_wide(xp, tp, yp, M, N, K, g0, g1, bits);
-      float* raw = thread_scratch(M * row_bytes / 4 + 16);
+      float* raw = thread_scratch((M * row_bytes + amx_bytes) / 4 + 16);
       uint8_t* packed = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 63) & ~uintptr_t(63));
       isa.tiles_pack(xp, packed, M, K);
+      if (amx) return isa.tiles_gemm_amx(packed, tp, yp, M, N, K, g0, g1, bits, packed + M * row_bytes);
       isa.tiles_gemm(packed, tp, yp, M, N, K, g0, g1, bits);
     });
   }

@@ -142,6 +142,40 @@ def test_each_path_matches_the_reference(env, isa):
         assert err <= tol, (name, err)
 
 
+TILE_OUTPUTS = textwrap.dedent("""
+    import sys, torch
+    import graphrt.kernels as kernels
+    from graphrt.kernels.quant_tiles import to_tiles
+    from graphrt.kernels.quantized import quantize_int4, quantize_int8
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for bits in (4, 8):
+        for n, k in [(48, 96), (64, 1536)]:
+            w = torch.randn(n, k, generator=g)
+            tiles = to_tiles(*(quantize_int4(w) if bits == 4 else (*quantize_int8(w), None)))
+            for m in range(1, 10):
+                out[f"{bits} {n}x{k} {m}"] = kernels.linear_tiles(torch.randn(m, k, generator=g), tiles)
+    torch.save({"isa": kernels.NATIVE_ISA, "out": out}, sys.argv[1])
+""")
+
+
+def test_the_amx_tiles_give_the_vector_kernels_outputs(tmp_path):
+    # 5-8 activation rows over quantized tiles take AMX-INT8 where the CPU has it, and must give the
+    # VNNI kernel's outputs bit for bit (the same integer sums, folded in the same order); a CPU
+    # without AMX runs the vector kernel in both processes.
+    import torch
+
+    runs = {}
+    for name, env in (("widest", {}), ("vnni", {"GRAPHRT_CPU_ISA": "vnni"})):
+        path = tmp_path / f"{name}.pt"
+        subprocess.run([sys.executable, "-c", TILE_OUTPUTS, str(path)], env={**os.environ, **env}, check=True)
+        runs[name] = torch.load(path)
+    if _cpu_has("amx_tile", "amx_bf16", "amx_int8", "avx512_bf16"):
+        assert runs["widest"]["isa"] == "amx" and runs["vnni"]["isa"] == "vnni"
+    for key, got in runs["widest"]["out"].items():
+        assert torch.equal(got, runs["vnni"]["out"][key]), key
+
+
 @pytest.mark.parametrize("var,value", [("GRAPHRT_CPU_ISA", "sse9"), ("GRAPHRT_CPU_TUNING", "arm")])
 def test_an_unknown_instruction_set_or_tuning_is_named(var, value):
     out = subprocess.run(

@@ -114,7 +114,9 @@ constexpr int64_t tile_bytes(int bits) { return tile_value_bytes(bits) + (bits =
 inline int64_t tile_row_bytes(int64_t K) { return (K / 32 * 76 + 63) / 64 * 64; }
 constexpr int64_t kTileAmxMinRows = 5, kTileAmxMaxRows = 8;  // a C tile holds 16 rows: 2 digits of 8
 // the A digits [K / 32][2M][32], rings of two groups' C blocks [2M][16] int32 and int4's B blocks [8][64]
-inline int64_t tiles_amx_scratch(int64_t M, int64_t K) { return K / 32 * 2 * M * 32 + (kAmxQuantLag + 1) * 2 * (1024 + 512); }
+inline int64_t tiles_amx_scratch(int64_t M, int64_t K) {
+  return K / 32 * 2 * M * 32 + (kAmxQuantLag + 1) * 2 * (1024 + 512);
+}
 
 // One slice of a logits row, reduced for greedy sampling (greedy.h): its maximum, sum(exp(x -
 // max)), the first index of the maximum and of a NaN (-1: none; with a NaN, max and sum are not set).

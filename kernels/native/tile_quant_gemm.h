@@ -54,7 +54,7 @@ static inline __m512i four_digits(const uint8_t* p) {
 
 // NG groups of 16 weight rows (each its K / 32 tiles, from tiles[g]) against MB activation records
 // from `rec`: 16 outputs each per group, stored at y[g] (rows `ldy` floats apart). NG = 2 reads two
-// groups' streams at once (tiles_columns, one activation row).
+// groups' streams at once (tiles_columns, up to kTilePairMaxRows activation rows).
 template <int BITS, int MB, int NG = 1>
 static inline void tiles_group(const uint8_t* const* tiles, int64_t blocks, const uint8_t* rec, int64_t row_bytes,
                                float* const* y, int64_t ldy) {

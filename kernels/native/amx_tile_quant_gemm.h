@@ -1,6 +1,6 @@
 // Quantized tiles (kernels/quant_tiles.py: int4 and int8) times kTileAmxMinRows..kTileAmxMaxRows
 // activation rows on AMX-INT8 (included by isa_kernels.cpp in the amx namespace, after
-// amx_gemm.h and amx_quant_gemm.h).
+// amx_gemm.h, amx_quant_gemm.h and tile_fold.h).
 //
 // A tile's values are already an AMX B operand: for each of the block's 8 quads of k, 16 weight
 // rows' 4 bytes side by side, [8][64] bytes (int8 as q + 128; int4's low nibbles are quads 0-3
@@ -9,9 +9,8 @@
 // tile_quant_gemm.h), each block's first digits of the M rows then their second digits, [2M][32].
 // One tdpbsud a block (signed digits times unsigned weights, exact int32 sums) gives the 2M x 16
 // sums that the vector kernel's 16 * M * 2 (int8) or 32 * M (int4) vpdpbusd a block give, the
-// same integers, folded the same way: (256 * first + second [- int8's offset correction]) in fp32
-// times the weight rows' scales times the block's lane scale, plus int4's minimums times the
-// block's sum of x. So the outputs are the vector kernel's, bit for bit.
+// same integers, folded by the same code (tile_fold.h). So the outputs are the vector kernel's,
+// bit for bit.
 //
 // Two groups of 16 weight rows at a time, one from each half of the thread's range, so that two
 // weight streams are in flight (tile_quant_gemm.h's tiles_columns: on Intel one stream a thread
@@ -30,7 +29,7 @@
 template <int BITS>
 static void amx_tiles_pairs(const uint8_t* rec, const uint8_t* tiles, float* y, int64_t M, int64_t N, int64_t K,
                             int64_t g0, int64_t g1, uint8_t* scratch) {
-  constexpr int64_t kBytes = graphrt_native::tile_bytes(BITS), kValues = graphrt_native::tile_value_bytes(BITS);
+  constexpr int64_t kBytes = graphrt_native::tile_bytes(BITS);
   constexpr int64_t kAhead = 8192;  // the weight streams' prefetch distance, as the vector kernel's
   const int64_t blocks = K / 32, row_bytes = graphrt_native::tile_row_bytes(K), rows = 2 * M;
   int8_t* a = reinterpret_cast<int8_t*>(scratch);                          // [blocks][2M][32] digits
@@ -108,22 +107,11 @@ static void amx_tiles_pairs(const uint8_t* rec, const uint8_t* tiles, float* y, 
         for (int h = 0; h < 2; ++h) {
           const uint8_t* tile = grp[h] + f * kBytes;
           const int32_t* cf = c_block(f, h);
-          const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues)));
-          __m512 mins = _mm512_setzero_ps();
-          if constexpr (BITS == 4)
-            mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues + 32)));
-          for (int64_t m = 0; m < M; ++m) {
-            __m512i total = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cf + m * 16), 8),
-                                             _mm512_load_si512(cf + (M + m) * 16));
-            if constexpr (BITS == 8) {
-              const int32_t* corrections = reinterpret_cast<const int32_t*>(lane_scales[m] + 2 * blocks);
-              total = _mm512_sub_epi32(total, _mm512_set1_epi32(corrections[f]));
-            }
-            const __m512 s = _mm512_mul_ps(scales, _mm512_set1_ps(lane_scales[m][f]));
-            acc[h][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), s, acc[h][m]);
-            if constexpr (BITS == 4)
-              acc[h][m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(lane_scales[m][blocks + f]), acc[h][m]);
-          }
+          __m512 scales, mins;
+          tile_scales<BITS>(tile, &scales, &mins);
+          for (int64_t m = 0; m < M; ++m)
+            acc[h][m] = fold_block<BITS>(acc[h][m], _mm512_load_si512(cf + m * 16), _mm512_load_si512(cf + (M + m) * 16),
+                                         scales, mins, lane_scales[m], blocks, f);
         }
       }
     }

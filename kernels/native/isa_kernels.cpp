@@ -132,6 +132,7 @@ namespace amx {
 #include "amx_gemm.h"
 #include "amx_quant_gemm.h"
 #include "amx_int8_gemm.h"
+#include "tile_fold.h"
 #include "amx_tile_quant_gemm.h"
 static void pack_parts(const float* x, uint32_t* parts, float* sums, int64_t M, int64_t K, int bits) {
   if (bits == 4) return amx_pack_parts(x, parts, sums, M, K);
@@ -158,6 +159,7 @@ static void gemm_bf16(const uint32_t* pairs, const void* w, float* y, int64_t M,
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 namespace vnni {
 #include "vnni_quant_gemm.h"
+#include "tile_fold.h"
 #include "tile_quant_gemm.h"
 }  // namespace vnni
 #pragma GCC pop_options

@@ -1,6 +1,7 @@
 // Quantized tiles (kernels/quant_tiles.py: int4 and int8) on AVX512-VNNI's integer dot product.
 // Included by isa_kernels.cpp in the vnni namespace, after vnni_quant_gemm.h (whose activation
-// digits and constants it shares).
+// digits and constants it shares) and tile_fold.h (a block's scales and its fold, shared with the
+// AMX kernel).
 //
 // A tile's 64 bytes of values hold 16 weight rows' four bytes each, one row a lane; a 4-byte
 // group of one activation row's int8 digits, broadcast to every lane, meets them in one vpdpbusd
@@ -96,22 +97,12 @@ static inline void tiles_group(const uint8_t* const* tiles, int64_t blocks, cons
           }
         }
       }
-      const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues)));
-      __m512 mins = _mm512_setzero_ps();
-      if constexpr (BITS == 4)
-        mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues + 32)));
+      __m512 scales, mins;
+      tile_scales<BITS>(tile, &scales, &mins);
 #pragma GCC unroll 8
       for (int i = 0; i < MB; ++i) {
         const float* lane_scales = reinterpret_cast<const float*>(rec + i * row_bytes + blocks * 64);
-        __m512i total = _mm512_add_epi32(_mm512_slli_epi32(first[i], 8), second[i]);
-        if constexpr (BITS == 8) {
-          const int32_t* corrections = reinterpret_cast<const int32_t*>(lane_scales + 2 * blocks);
-          total = _mm512_sub_epi32(total, _mm512_set1_epi32(corrections[b]));
-        }
-        const __m512 s = _mm512_mul_ps(scales, _mm512_set1_ps(lane_scales[b]));
-        acc[g][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), s, acc[g][i]);
-        if constexpr (BITS == 4)
-          acc[g][i] = _mm512_fmadd_ps(mins, _mm512_set1_ps(lane_scales[blocks + b]), acc[g][i]);
+        acc[g][i] = fold_block<BITS>(acc[g][i], first[i], second[i], scales, mins, lane_scales, blocks, b);
       }
     }
   }
@@ -134,10 +125,8 @@ static inline void tiles_wide_group(const uint8_t* tile, int64_t blocks, const f
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b, tile += kBytes) {
-    const __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues)));
-    __m512 mins = _mm512_setzero_ps();
-    if constexpr (BITS == 4)
-      mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kValues + 32)));
+    __m512 scales, mins;
+    tile_scales<BITS>(tile, &scales, &mins);
     for (int c = 0; c < kValues / 64; ++c) {
       const __m512i bytes = _mm512_loadu_si512(tile + 64 * c);
 #pragma GCC unroll 4

@@ -25,15 +25,19 @@ struct FmaPolicy {
 // Weight rows kBlocksAhead blocks ahead are prefetched while a block streams (first pass
 // only; later passes over the block hit L1): hardware prefetchers alone leave the memory idle
 // between row blocks once several activation rows lengthen each block's arithmetic.
-// Off AMD the far prefetch goes to L2 and each row's line kL1AheadBytes on to L1: a far prefetch
-// into L1 holds one of the core's few line-fill buffers for a whole memory latency, and with 8
-// activation rows that capped the stream (fp32, 8 rows, cold weights on an Intel Xeon: 24.2 ->
-// 29.3 GB/s for gate/up, 24.2 -> 25.8 for down; the plain read 30.1).
+// With two or more activation rows, off AMD, that far prefetch goes to L2 and each row's line
+// kL1AheadBytes on goes to L1: a far prefetch into L1 holds one of the core's few line-fill
+// buffers for a whole memory latency, and the longer arithmetic of several rows left the stream
+// capped by them. Cold fp32 weights on an Intel Xeon, both threads: 8 rows 24.2 -> 29.3 GB/s on
+// the gate/up shape and 24.2 -> 25.8 on down, 4 rows 28.8 -> 31.4 and 25.9 -> 30.8, 2 rows
+// 34.3 -> 35.4 and 28.0 -> 32.9 (a plain read: 30-32). One row keeps the far prefetch into L1,
+// which measured 37.2 against 36.2 GB/s there.
 constexpr int kBlocksAhead = 4;
 constexpr int64_t kL1AheadBytes = 1024;
 
+template <int MB>
 static inline void block_prefetch(const void* far, const void* near) {
-  if (graphrt_native::kAmdStreams) {
+  if (MB == 1 || graphrt_native::kAmdStreams) {
     if (far) __builtin_prefetch(far);
     return;
   }
@@ -61,7 +65,7 @@ static inline void tile(const typename P::X* x, const W* w, float* y, int64_t N,
     if constexpr (PREFETCH) {
       const bool far = n0 + (kBlocksAhead + 1) * NB <= n_end;
 #pragma GCC unroll 8
-      for (int j = 0; j < NB; ++j) block_prefetch(far ? wr + (kBlocksAhead * NB + j) * K + k : nullptr, wr + j * K + k);
+      for (int j = 0; j < NB; ++j) block_prefetch<MB>(far ? wr + (kBlocksAhead * NB + j) * K + k : nullptr, wr + j * K + k);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) {

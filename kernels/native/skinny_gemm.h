@@ -35,14 +35,18 @@ struct FmaPolicy {
 constexpr int kBlocksAhead = 4;
 constexpr int64_t kL1AheadBytes = 1024;
 
+// The far prefetch of one weight row's line, and (with two or more rows, off AMD) the near one.
 template <int MB>
-static inline void block_prefetch(const void* far, const void* near) {
-  if (MB == 1 || graphrt_native::kAmdStreams) {
-    if (far) __builtin_prefetch(far);
-    return;
-  }
-  if (far) __builtin_prefetch(far, 0, 2);
-  __builtin_prefetch(static_cast<const char*>(near) + kL1AheadBytes);
+static inline void far_prefetch(const void* p) {
+  if (MB == 1 || graphrt_native::kAmdStreams)
+    __builtin_prefetch(p);
+  else
+    __builtin_prefetch(p, 0, 2);
+}
+
+template <int MB>
+static inline void near_prefetch(const void* p) {
+  if (MB > 1 && !graphrt_native::kAmdStreams) __builtin_prefetch(static_cast<const char*>(p) + kL1AheadBytes);
 }
 
 // NB weight rows against MB activation rows held in registers (NB x MB accumulators); when
@@ -63,9 +67,12 @@ static inline void tile(const typename P::X* x, const W* w, float* y, int64_t N,
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) wv[j] = P::loadw(wr + j * K + k);
     if constexpr (PREFETCH) {
-      const bool far = n0 + (kBlocksAhead + 1) * NB <= n_end;
+      if (n0 + (kBlocksAhead + 1) * NB <= n_end) {
 #pragma GCC unroll 8
-      for (int j = 0; j < NB; ++j) block_prefetch<MB>(far ? wr + (kBlocksAhead * NB + j) * K + k : nullptr, wr + j * K + k);
+        for (int j = 0; j < NB; ++j) far_prefetch<MB>(wr + (kBlocksAhead * NB + j) * K + k);
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) near_prefetch<MB>(wr + j * K + k);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) {

@@ -25,15 +25,12 @@ struct FmaPolicy {
 // Weight rows kBlocksAhead blocks ahead are prefetched while a block streams (first pass
 // only; later passes over the block hit L1): hardware prefetchers alone leave the memory idle
 // between row blocks once several activation rows lengthen each block's arithmetic.
-// With two or more activation rows, off AMD, that far prefetch goes to L2 and each row's line
-// kL1AheadBytes on goes to L1: a far prefetch into L1 holds one of the core's few line-fill
-// buffers for a whole memory latency, and the longer arithmetic of several rows left the stream
-// capped by them. Cold fp32 weights on an Intel Xeon, both threads: 8 rows 24.2 -> 29.3 GB/s on
+// With two or more activation rows, off AMD, the pair prefetch_l2 / prefetch_near instead
+// (isa_kernels.h). Cold fp32 weights on an Intel Xeon, both threads: 8 rows 24.2 -> 29.3 GB/s on
 // the gate/up shape and 24.2 -> 25.8 on down, 4 rows 28.8 -> 31.4 and 25.9 -> 30.8, 2 rows
 // 34.3 -> 35.4 and 28.0 -> 32.9 (a plain read: 30-32). One row keeps the far prefetch into L1,
 // which measured 37.2 against 36.2 GB/s there.
 constexpr int kBlocksAhead = 4;
-constexpr int64_t kL1AheadBytes = 1024;
 
 // The far prefetch of one weight row's line, and (with two or more rows, off AMD) the near one.
 template <int MB>
@@ -41,12 +38,12 @@ static inline void far_prefetch(const void* p) {
   if (MB == 1 || graphrt_native::kAmdStreams)
     __builtin_prefetch(p);
   else
-    __builtin_prefetch(p, 0, 2);
+    prefetch_l2(p);
 }
 
 template <int MB>
 static inline void near_prefetch(const void* p) {
-  if (MB > 1 && !graphrt_native::kAmdStreams) __builtin_prefetch(static_cast<const char*>(p) + kL1AheadBytes);
+  if (MB > 1 && !graphrt_native::kAmdStreams) prefetch_near(p);
 }
 
 // NB weight rows against MB activation rows held in registers (NB x MB accumulators); when

@@ -53,16 +53,16 @@ static inline __m512i four_digits(const uint8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// A tile line's prefetch, kVnniAhead on. int8 tiles with two or more activation rows, off AMD:
-// into L2, with the line 1 KiB on into L1, as the skinny GEMM's tiles do (a far prefetch into L1
-// holds a line-fill buffer for a whole memory latency). int8 at batch 4 on an Intel Xeon, three
-// alternated pairs of `graphrt bench decode --batch-sizes 4 --quantization int4,int8`: 512-527
-// tok/s against 487-498; int4, whose unpacking makes it arithmetic-bound, 563-597 against 575-612.
+// A tile line's prefetch, kVnniAhead on. int8 tiles with two or more activation rows, off AMD: the
+// pair prefetch_l2 / prefetch_near (isa_kernels.h), as the skinny GEMM's tiles. int8 at batch 4 on
+// an Intel Xeon, three alternated pairs of `graphrt bench decode --batch-sizes 4 --quantization
+// int4,int8`: 512-527 tok/s against 487-498; int4, whose unpacking makes it arithmetic-bound,
+// 563-597 against 575-612.
 template <int BITS, int MB>
 static inline void tile_prefetch(const uint8_t* p) {
   if (BITS == 8 && MB > 1 && !graphrt_native::kAmdStreams) {
-    __builtin_prefetch(p + kVnniAhead, 0, 2);
-    __builtin_prefetch(p + 1024);
+    prefetch_l2(p + kVnniAhead);
+    prefetch_near(p);
   } else {
     stream_prefetch(p + kVnniAhead);
   }

@@ -249,11 +249,14 @@ class LLMEngine(EngineStartup):
         main step. Compiled graphs are timed at start-up (``time_decode_graphs``); a key that
         has no time (eager steps) is timed as it runs: plain steps first (no drafts until they
         are: infinite), then steps with drafts (taken while untimed: ratio 1), so that neither
-        cost is guessed. The MTP step after a verify step holds 1 to k + 1 tokens a row; until
-        the k + 1 size is timed, the one-token size stands for it."""
+        cost is guessed. A main time older than ``StepTimes.stale`` steps counts as untimed too:
+        while every step verifies, one in that many decodes plainly to measure the main step at
+        today's context (``runner/step_times.py``). The MTP step after a verify step holds 1 to
+        k + 1 tokens a row; until the k + 1 size is timed, the one-token size stands for it."""
         main, verify, mtp_after_verify = self.graphs.decode_keys(rows)
-        times = self.runner.step_times.mean
-        if main not in times:
+        step_times = self.runner.step_times
+        times = step_times.seconds
+        if main not in times or step_times.is_stale(main):
             return math.inf
         if verify not in times:
             return 1.0

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from graphrt.bench.roofline import measure_bandwidth, pages_name, read_buffer, streaming_reads
 from graphrt.cli import main
 from graphrt.runner.huge_pages import huge_pages_available, in_huge_page_block
@@ -70,6 +72,10 @@ def test_bench_kernels_reports_both_engines_against_the_bandwidth():
     for row in result["rows"]:
         assert row["bandwidth_gb_s"] > 0
         assert row["graphrt_gb_s"] > 0 and row["aten_gb_s"] > 0 and row["graphrt_frac"] > 0
+        reads = row["bandwidth_reads_gb_s"]
+        # each row's roofline is the mean of the faster read before and after it: at least each read's mean
+        assert set(reads) == {"sum", "product"} and row["bandwidth_gb_s"] >= max(reads.values()) * (1 - 1e-9)
+        assert row["graphrt_frac_sum"] == pytest.approx(row["graphrt_gb_s"] / reads["sum"])
         assert set(row["shapes"]["t"]) == {"graphrt", "aten"}
         assert row["steal_frac"] is None or 0 <= row["steal_frac"] <= 1
 

@@ -64,8 +64,8 @@ def test_prefill_rows_and_untracked_rows_do_not_draft_and_room_caps_drafts():
     assert reqs[1].draft_token_ids == [3, 4]  # max_model_len leaves room for two drafts + one token
 
 
-def test_step_times_skip_warm_up_and_average():
-    times, main, verify = StepTimes(skip=2, weight=0.5), GraphKey("main", 8, 8), GraphKey("verify", 32, 8)
+def test_step_times_skip_warm_up_and_take_the_median_of_the_last_few():
+    times, main, verify = StepTimes(skip=2, window=3), GraphKey("main", 8, 8), GraphKey("verify", 32, 8)
     for t in (9.0, 9.0, 1.0, 3.0):
         times.record(main, t)
     assert times.ratio(verify, main) is None
@@ -73,22 +73,99 @@ def test_step_times_skip_warm_up_and_average():
         times.record(verify, t)
     assert times.ratio(verify, main) is None  # only warm-up steps so far
     times.record(verify, 4.0)
-    assert times.mean[main] == 2.0 and times.ratio(verify, main) == 2.0
+    assert times.seconds[main] == 2.0 and times.ratio(verify, main) == 2.0
+    times.record(main, 269.0)  # one slow step (a host pause) does not move the median
+    assert times.seconds[main] == 3.0
+    times.record(main, 5.0)
+    times.record(main, 5.0)
+    assert times.seconds[main] == 5.0  # the window holds the last three: 269, 5, 5
 
 
 def test_step_times_seeded_by_replaying_graphs_then_taken_over_by_steps():
     calls = []
     main, verify, other = GraphKey("main", 1, 1), GraphKey("verify", 2, 1), GraphKey("main", 8, 8)
-    times = StepTimes(skip=1, weight=0.5)
+    times = StepTimes(skip=1)
     times.seed({main: lambda: calls.append("main"), verify: lambda: calls.append("verify")}, [main, verify, other])
     assert calls == ["main"] * 3 + ["verify"] * 3  # one untimed replay, then two timed
-    assert times.mean[main] > 0 and times.mean[verify] > 0 and other not in times.mean  # no graph: not timed
-    times.mean[main] = 2.0
+    assert times.seconds[main] > 0 and times.seconds[verify] > 0 and other not in times.seconds  # no graph
+    times.seconds[main] = 2.0
     times.seed({main: lambda: calls.append("again")}, [main])
     assert "again" not in calls  # a key with a time keeps it
     times.record(main, 100.0)  # a first step: left out
+    assert times.seconds[main] == 2.0
     times.record(main, 4.0)
-    assert times.mean[main] == 3.0
+    assert times.seconds[main] == 4.0  # measured steps replace the seeded replay
+
+
+def test_a_time_older_than_stale_steps_starts_its_key_anew_and_mtp_steps_do_not_age_it():
+    times = StepTimes(skip=0, window=5, stale=4)
+    main, verify, mtp = GraphKey("main", 8, 8), GraphKey("verify", 32, 8), GraphKey("mtp", 8, 8)
+    for _ in range(3):
+        times.record(main, 36.0)  # long context
+    for _ in range(10):
+        times.record(mtp, 1.0)
+    assert times.age(main) == 0 and not times.is_stale(main)  # MTP steps run beside engine steps
+    for _ in range(4):
+        times.record(verify, 46.0)
+    assert times.age(main) == 4 and not times.is_stale(main)
+    times.record(verify, 46.0)
+    assert times.is_stale(main) and times.seconds[main] == 36.0  # kept, but marked
+    times.record(main, 6.0)  # the short context's: the old window is gone
+    assert times.seconds[main] == 6.0 and not times.is_stale(main)
+
+
+def _engine_with(times: StepTimes, keys: tuple, mtp_module=None):
+    """What LLMEngine._verify_cost_ratio reads of its engine."""
+    return SimpleNamespace(
+        graphs=SimpleNamespace(decode_keys=lambda rows: keys, key_for=lambda kind, t, r: keys[2]),
+        runner=SimpleNamespace(step_times=times),
+        mtp_module=mtp_module,
+    )
+
+
+def test_drafts_stop_paying_when_the_context_shrinks_and_a_plain_step_finds_out():
+    """A long prompt, then chat prompts, at eight rows: the main time measured at the long
+    context makes a verify step look cheap; once it is `stale` steps old the engine decodes one
+    step plainly, measures the short context's main step, and the drafts stop."""
+    from graphrt.engine import LLMEngine
+
+    keys = (GraphKey("main", 8, 8), GraphKey("verify", 32, 8), GraphKey("mtp", 32, 8))
+    times = StepTimes(skip=0, stale=32)
+    engine = _engine_with(times, keys)
+    drafter = Drafter(CONFIG, cost_ratio=lambda rows: LLMEngine._verify_cost_ratio(engine, rows))
+    for _ in range(5):
+        times.record(keys[0], 0.036)  # 36 ms a main step at 2,100 tokens of context
+    times.record(keys[1], 0.046)  # and a short-context verify step: 1.3 main steps, it seems
+    steps = {"verify": 0, "main": 0}
+    for _ in range(80):
+        reqs = [decoding(str(i), REPEATS, accepted=1, misses=3) for i in range(8)]  # a = 0.5: 0.88 each
+        drafter.propose_for(reqs, {r.request_id: 0 for r in reqs}, 1000)
+        kind = "verify" if any(r.draft_token_ids for r in reqs) else "main"
+        steps[kind] += 1
+        times.record(keys[0 if kind == "main" else 1], 0.006 if kind == "main" else 0.046)
+    assert steps["verify"] == 32  # until the main time was stale: then one plain step, and no drafts since
+    assert LLMEngine._verify_cost_ratio(engine, 8) == pytest.approx(0.046 / 0.006)
+
+
+def test_the_verify_cost_ratio_counts_a_stale_or_missing_main_time_as_untimed():
+    from graphrt.engine import LLMEngine
+
+    keys = (GraphKey("main", 1, 1), GraphKey("verify", 4, 1), GraphKey("mtp", 4, 1))
+    times = StepTimes(skip=0, stale=2)
+    engine = _engine_with(times, keys)
+    assert LLMEngine._verify_cost_ratio(engine, 1) == float("inf")  # no main time: plain steps first
+    times.record(keys[0], 2.0)
+    assert LLMEngine._verify_cost_ratio(engine, 1) == 1.0  # no verify time: drafts taken to time it
+    times.record(keys[1], 3.0)
+    assert LLMEngine._verify_cost_ratio(engine, 1) == 1.5
+    times.record(keys[1], 3.0)
+    times.record(keys[1], 3.0)
+    assert LLMEngine._verify_cost_ratio(engine, 1) == float("inf")  # three verify steps since the last main
+    mtp_engine = _engine_with(times, keys, mtp_module=object())
+    times.record(keys[0], 2.0)
+    assert LLMEngine._verify_cost_ratio(mtp_engine, 1) == 1.0  # the MTP step's time still unknown
+    times.record(keys[2], 1.0)
+    assert LLMEngine._verify_cost_ratio(mtp_engine, 1) == 2.0  # (3 + 1) / 2
 
 
 def test_mtp_requests_leave_the_mtp_layer_when_drafting_cannot_pay():

@@ -156,7 +156,7 @@ def test_mtp_graphs_compile_once_and_load_from_a_shipped_cache(mtp_path, tmp_pat
     # the drafter's costs are measured before the first step: every decode graph replayed (on
     # padding: the outputs below stay plain decoding's)
     graphs = compiled.engine.graphs
-    timed = compiled.engine.runner.step_times.mean
+    timed = compiled.engine.runner.step_times.seconds
     assert all(timed[key] > 0 for key in (*graphs.decode_keys(4), graphs.key_for("mtp", 4, 4)))
     prompts = random_prompts([5, 9, 13], seed=16)
     want = make_llm(mtp_path, **opts).generate(prompts, GREEDY)

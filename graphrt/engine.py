@@ -251,7 +251,7 @@ class LLMEngine(EngineStartup):
         are: infinite), then steps with drafts (taken while untimed: ratio 1), so that neither
         cost is guessed. A main time older than ``StepTimes.stale`` steps counts as untimed too:
         while every step verifies, one in that many decodes plainly to measure the main step at
-        today's context (``runner/step_times.py``). The MTP step after a verify step holds 1 to
+        the current context (``runner/step_times.py``). The MTP step after a verify step holds 1 to
         k + 1 tokens a row; until the k + 1 size is timed, the one-token size stands for it."""
         main, verify, mtp_after_verify = self.graphs.decode_keys(rows)
         step_times = self.runner.step_times

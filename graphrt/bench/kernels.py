@@ -143,8 +143,8 @@ def bench_kernels(
                     row["shapes"][name] = per
             row["steal_frac"] = meter.fraction
             after = streaming_reads(huge_pages=huge_pages)
-            # the roofline: the faster read (measure_bandwidth's); the sum alone is the issue's
-            # "streaming read such as a sum", which graphrt's one-row product outruns here
+            # the roofline: the faster read (measure_bandwidth's); the plain streaming read, the
+            # sum, is kept beside it (graphrt's one-row product outruns it on some machines)
             row["bandwidth_gb_s"] = (max(before.values()) + max(after.values())) / 2e9
             row["bandwidth_reads_gb_s"] = {k: (before[k] + after[k]) / 2e9 for k in before}
             for engine, (nbytes, s) in total.items():

@@ -15,9 +15,9 @@ them) since it last ran; a time taken after ``stale`` steps without one starts t
 anew, and the engine takes a plain step when the main time is that old (``LLMEngine
 ._verify_cost_ratio``). Without this, n-gram drafts at eight rows ran at 0.31x plain on chat
 prompts (`graphrt bench spec`): after long prompts the main time stood at the long context's
-(a moving mean, pulled further up by a few slow whole steps), verify steps ran at every step from
-then on, each costing 7.6 main steps at the short context, and the main time was never measured
-again.
+(a moving mean, pulled up further by one step of 1.2 s, a fresh KV cache's first touch), verify
+steps ran at every step from then on, each costing 7.6 main steps at the short context, and the
+main time was never measured again.
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ def _threads_per_worker() -> int | None:
 # beside one busy core with two threads, 1.7x with one. So each worker runs its share of the
 # cores, and the processes its tests start inherit it; tests/kernels/test_two_threads.py runs the
 # ops whose work is split by the thread count on two threads all the same.
-if _threads_per_worker() is not None:
-    os.environ.setdefault("OMP_NUM_THREADS", str(_threads_per_worker()))
+_THREADS = _threads_per_worker()
+if _THREADS is not None:
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

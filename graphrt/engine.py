@@ -90,6 +90,7 @@ class LLMEngine(EngineStartup):
         self._tracked: dict[str, _Tracked] = {}
         self.num_compiles = 0
         self.activation_peak = 0  # bytes; measured by profile_run when the KV budget needs it
+        self.page_warmer = None  # started with the KV caches when they sit in huge pages
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -276,6 +277,8 @@ class LLMEngine(EngineStartup):
         if self.proposer is not None:
             self.proposer.propose_for(self.scheduler.running, self._tracked, self.max_model_len)
         out = self.scheduler.schedule()
+        if self.page_warmer is not None:
+            self.page_warmer.nudge()  # the blocks just handed out may bring its frontier closer
         if out.is_empty:
             return []
         try:

@@ -9,6 +9,7 @@ import collections
 import dataclasses
 import os
 import time
+import weakref
 from dataclasses import dataclass
 
 from tqdm.auto import tqdm
@@ -27,9 +28,10 @@ from graphrt.multimodal.merge import install as install_mm
 from graphrt.passes import PassManager
 from graphrt.runner.graph_cache import CaptureSizes, GraphCache
 from graphrt.runner.graph_key import GraphKey
-from graphrt.runner.huge_pages import move_to_huge_pages
+from graphrt.runner.huge_pages import in_huge_page_block, move_to_huge_pages
 from graphrt.runner.kv_cache import KVCachePlan, allocate_kv_caches, bytes_per_block, plan_kv_cache
 from graphrt.runner.model_runner import ModelRunner
+from graphrt.runner.page_warmer import KVPageWarmer, populate_supported
 from graphrt.runner.profile_run import worst_case_step_memory
 from graphrt.runner.step_module import MTPStepModule, StepModule, VerifyStepModule
 from graphrt.serving_settings import (
@@ -269,6 +271,7 @@ class EngineStartup:
             self.kv_config, self.kv_plan.num_blocks, self.block_size, self.dtype, self.config.huge_pages
         )
         self.blocks = BlockManager(self.kv_plan.num_blocks, self.block_size, self.config.cache.enable_prefix_caching)
+        self.page_warmer = self.start_page_warmer()
         self.scheduler = Scheduler(self.sched_config, self.blocks, self.lora)
         self.runner = ModelRunner(
             self.step_module,
@@ -285,6 +288,17 @@ class EngineStartup:
         if self.mtp_module is not None:
             self.runner.steps["verify"].draft_probs_of = self.proposer.probs_of
         return self.kv_plan
+
+    def start_page_warmer(self) -> KVPageWarmer | None:
+        """Caches in huge pages: their pages faulted in ahead of the block pool, off the steps'
+        path (``runner/page_warmer.py``). In 4 KiB pages a fault is cheap: none."""
+        if not in_huge_page_block(self.kv_caches[0][0]) or not populate_supported():
+            return None
+        pool = self.blocks.pool
+        step_blocks = self.sched_config.max_num_batched_tokens // self.block_size + self.sched_config.max_num_seqs
+        warmer = KVPageWarmer(self.kv_caches, lambda: pool.fresh, step_blocks).start()
+        weakref.finalize(self, warmer.stop, False)  # an engine dropped unclosed ends its thread
+        return warmer
 
     def capture_model(self) -> list[CaptureRecord]:
         """Compile the graph of every key, largest first. Eager mode: nothing to capture."""

@@ -63,6 +63,7 @@ def run_graphrt(llm, prompts: list[list[int]], gen_len: int, loras: list | None 
         "decode_tok_s": decode_tokens / (total - ttft),
         "step_ms_median": 1e3 * median(steps),
         "step_ms_p90": 1e3 * p90(steps),
+        "step_ms_max": 1e3 * max(steps, default=float("nan")),
         "ttft_s": ttft,
         "overhead_frac": 1 - sum(graph_s) / sum(steps) if steps else float("nan"),
         "steal_frac": meter.fraction,
@@ -101,6 +102,7 @@ def run_transformers(hf_model, prompts: list[list[int]], gen_len: int) -> dict:
         "decode_tok_s": len(prompts) * (gen_len - 1) / (total - ttft),
         "step_ms_median": 1e3 * median(steps),
         "step_ms_p90": 1e3 * p90(steps),
+        "step_ms_max": 1e3 * max(steps, default=float("nan")),
         "ttft_s": ttft,
         "overhead_frac": float("nan"),
         "steal_frac": meter.fraction,
@@ -343,7 +345,8 @@ def print_row(row: dict) -> None:
         extra = f"  overhead {100 * r['overhead_frac']:.1f}%" if name == "graphrt" else ""
         print(
             f"batch {b:>3}  {name:<14} {r['decode_tok_s']:8.1f} tok/s  step {r['step_ms_median']:7.2f} ms "
-            f"(p90 {r['step_ms_p90']:7.2f})  ttft {r['ttft_s']:6.3f} s{extra}{steal_note(r.get('steal_frac'))}"
+            f"(p90 {r['step_ms_p90']:7.2f}, max {r['step_ms_max']:7.1f})  ttft {r['ttft_s']:6.3f} s"
+            f"{extra}{steal_note(r.get('steal_frac'))}"
         )
     for q, r in row.get("quantized", {}).items():
         print(

@@ -28,6 +28,8 @@ class BlockPool:
         self.ref_count = [0] * num_blocks
         # Free blocks in eviction order (least recently freed first); block 0 is never free.
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        # Blocks never used come first in that order, in id order: those below this one have been handed out
+        self.fresh = 1
         self.hash_of: dict[int, BlockHash] = {}
         self.block_of: dict[BlockHash, int] = {}
 
@@ -37,6 +39,7 @@ class BlockPool:
 
     def allocate(self) -> int:
         block, _ = self.free.popitem(last=False)
+        self.fresh = max(self.fresh, block + 1)
         old = self.hash_of.pop(block, None)
         if old is not None and self.block_of.get(old) == block:
             del self.block_of[old]

@@ -369,6 +369,7 @@ class LLMEngine(EngineStartup):
             "free_blocks": self.blocks.num_free_blocks,
             "prefix_cache_hits": self.blocks.prefix_cache_hits,
             "preemptions": self.scheduler.num_preemptions,
+            **({"warmed_blocks": self.page_warmer.warmed} if self.page_warmer is not None else {}),
             "lora_slot_fills": self.lora.fills if self.lora is not None else 0,
             **self.spec_stats.as_dict(),
         }

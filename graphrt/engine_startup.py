@@ -291,12 +291,14 @@ class EngineStartup:
 
     def start_page_warmer(self) -> KVPageWarmer | None:
         """Caches in huge pages: their pages faulted in ahead of the block pool, off the steps'
-        path (``runner/page_warmer.py``). In 4 KiB pages a fault is cheap: none."""
-        if not in_huge_page_block(self.kv_caches[0][0]) or not populate_supported():
+        path (``runner/page_warmer.py``). In 4 KiB pages a fault is cheap: none, unless the
+        settings ask for the whole cache (``CacheConfig.prefault``)."""
+        whole = self.config.cache.prefault
+        if not (whole or in_huge_page_block(self.kv_caches[0][0])) or not populate_supported():
             return None
         pool = self.blocks.pool
         step_blocks = self.sched_config.max_num_batched_tokens // self.block_size + self.sched_config.max_num_seqs
-        warmer = KVPageWarmer(self.kv_caches, lambda: pool.fresh, step_blocks).start()
+        warmer = KVPageWarmer(self.kv_caches, lambda: pool.fresh, step_blocks, whole).start()
         weakref.finalize(self, warmer.stop, False)  # an engine dropped unclosed ends its thread
         return warmer
 

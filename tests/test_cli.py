@@ -147,3 +147,15 @@ def test_huge_pages_are_on_for_serve_and_the_decode_benchmark_and_off_for_genera
     assert llm_kwargs(parser.parse_args(["generate", "--huge-pages"]))["huge_pages"] is True
     assert parser.parse_args(["bench", "decode"]).huge_pages is True
     assert parser.parse_args(["bench", "decode", "--no-huge-pages"]).huge_pages is False
+
+
+def test_serve_prefaults_the_kv_cache_only_when_asked():
+    from graphrt.cli import build_parser
+    from graphrt.cli.common import llm_kwargs
+
+    parser = build_parser()
+    assert llm_kwargs(parser.parse_args(["serve"]))["prefault_kv_cache"] is False
+    assert llm_kwargs(parser.parse_args(["serve", "--prefault-kv-cache"]))["prefault_kv_cache"] is True
+    assert llm_kwargs(parser.parse_args(["generate"]))["prefault_kv_cache"] is False  # serve's flag alone
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "--prefault-kv-cache"])

@@ -95,4 +95,5 @@ def llm_kwargs(args: argparse.Namespace) -> dict:
         rebuild_graph_cache=args.rebuild_graph_cache,
         speculative_config=args.speculative_config,
         huge_pages=args.huge_pages,
+        prefault_kv_cache=getattr(args, "prefault_kv_cache", False),  # graphrt serve's
     )

@@ -24,6 +24,12 @@ def add_parser(sub) -> None:
     p.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds in-flight requests get on SIGTERM")
     p.add_argument("--grammar-backend", default="in-graph", choices=["in-graph", "xgrammar-cpu"])
     p.add_argument(
+        "--prefault-kv-cache",
+        action="store_true",
+        help="fault in every page of the KV cache from start-up, on a thread, so that the server reaches "
+        "its steady speed once that is done (default: only the pages just ahead of the blocks in use)",
+    )
+    p.add_argument(
         "--lora",
         action="append",
         default=[],

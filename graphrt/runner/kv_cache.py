@@ -30,6 +30,9 @@ class CacheConfig:
     kv_cache_memory: int | None = None  # bytes; None = kv_cache_fraction of available memory
     kv_cache_fraction: float = 0.1
     enable_prefix_caching: bool = True
+    # fault in every page of the cache from start-up, on a thread (runner/page_warmer.py); else
+    # only those just ahead of the blocks handed out (caches in huge pages), or none
+    prefault: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size is not None and self.block_size < 1:

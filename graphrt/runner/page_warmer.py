@@ -60,14 +60,23 @@ class KVPageWarmer:
     block id the pool has never handed out; ``step_blocks`` is the most fresh blocks one step can
     take, and ``ahead`` adds two rounds (a huge page of every cache each) to it, so that a round
     is under way while the step before it runs. ``nudge`` after each scheduled step wakes the
-    thread to look again. The thread ends when every block is warmed or ``stop`` is called."""
+    thread to look again. ``whole``: every block, in id order, without waiting for the frontier
+    (a server that should reach its steady speed soon). The thread ends when every block is warmed
+    or ``stop`` is called."""
 
-    def __init__(self, caches: list[tuple[torch.Tensor, torch.Tensor]], frontier: Callable[[], int], step_blocks: int):
+    def __init__(
+        self,
+        caches: list[tuple[torch.Tensor, torch.Tensor]],
+        frontier: Callable[[], int],
+        step_blocks: int,
+        whole: bool = False,
+    ):
         tensors = [t for pair in caches for t in pair]
         if not tensors or any(not t.is_contiguous() for t in tensors):
             raise ValueError("KVPageWarmer needs at least one contiguous cache tensor")
         self.num_blocks = tensors[0].shape[0]
         self._frontier = frontier
+        self.whole = whole
         # (first byte, bytes a block, last byte + 1) of every cache; the tensors keep their mappings alive
         self._regions = [(t.data_ptr(), t.stride(0) * t.element_size(), t.data_ptr() + t.nbytes) for t in tensors]
         self._keep = tensors
@@ -104,7 +113,7 @@ class KVPageWarmer:
 
     def _run(self) -> None:
         while not self._stop.is_set() and self.warmed < self.num_blocks:
-            target = min(self.num_blocks, self._frontier() + self.ahead)
+            target = self.num_blocks if self.whole else min(self.num_blocks, self._frontier() + self.ahead)
             if self.warmed >= target:
                 self._wake.wait(1.0)
                 self._wake.clear()

@@ -25,6 +25,7 @@ _ENGINE_METRICS = {
     "used_blocks": ("graphrt_kv_blocks_used", "KV-cache blocks in use.", "gauge"),
     "free_blocks": ("graphrt_kv_blocks_free", "KV-cache blocks free (cached prefixes included).", "gauge"),
     "total_blocks": ("graphrt_kv_blocks_total", "KV-cache blocks in all.", "gauge"),
+    "warmed_blocks": ("graphrt_kv_blocks_warmed", "KV-cache blocks faulted in (null block too).", "gauge"),
     "prefix_cache_hits": ("graphrt_prefix_cache_hit_blocks", "KV blocks reused from the prefix cache.", "counter"),
     "preemptions": ("graphrt_preemptions", "Requests preempted for lack of KV blocks.", "counter"),
     "graph_hits": ("graphrt_graph_hits", "Steps replayed by a compiled graph.", "counter"),

@@ -83,6 +83,18 @@ def test_a_nudge_after_the_frontier_moves_warms_on_to_the_end_and_the_thread_end
 
 
 @needs_populate
+def test_whole_warms_every_block_without_waiting_for_the_frontier():
+    # Arrange: the pool has handed out nothing
+    caches = _caches(1)
+    # Act
+    warmer = KVPageWarmer(caches, Frontier(), step_blocks=0, whole=True).start()
+    warmer._thread.join(30)
+    # Assert
+    assert warmer.warmed == BLOCKS and not warmer.running
+    assert _owned_fraction(caches[0][0]) == 1.0 and _owned_fraction(caches[0][1]) == 1.0
+
+
+@needs_populate
 def test_stop_ends_a_waiting_thread():
     warmer = KVPageWarmer(_caches(1), Frontier(), step_blocks=0).start()
     _settle(warmer)
@@ -112,10 +124,26 @@ def test_an_engine_warms_caches_in_huge_pages_only(tiny_model, monkeypatch):
     llm.generate([[5, 6, 7, 8, 9, 10]], {"max_tokens": 40, "temperature": 0}, use_tqdm=False)
     warmer, pool = llm.engine.page_warmer, llm.engine.blocks.pool
     # Assert: the blocks handed out and the ones ahead of them are warmed (or all of them)
-    assert warmer is not None and warmer.error is None
+    assert warmer is not None and warmer.error is None and not warmer.whole
     _settle(warmer)
     assert warmer.warmed >= min(pool.num_blocks, pool.fresh + warmer.ahead)
-    assert make_llm(model, kv_cache_memory=64 * 2**20, huge_pages=False).engine.page_warmer is None
+    assert llm.engine.stats()["warmed_blocks"] == warmer.warmed
+    plain = make_llm(model, kv_cache_memory=64 * 2**20, huge_pages=False).engine
+    assert plain.page_warmer is None and "warmed_blocks" not in plain.stats()
+
+
+@needs_populate
+def test_an_engine_asked_to_prefault_warms_its_whole_cache_even_in_small_pages(tiny_model):
+    from tests.helpers import make_llm
+
+    # Act
+    settings = dict(kv_cache_memory=8 * 2**20, huge_pages=False, prefault_kv_cache=True)
+    engine = make_llm(tiny_model("llama_gqa"), **settings).engine
+    engine.page_warmer._thread.join(30)
+    # Assert: every block (the null block too), whatever the pool has handed out
+    assert engine.page_warmer.whole and engine.stats()["warmed_blocks"] == engine.blocks.pool.num_blocks
+    for cache in engine.kv_caches[0]:
+        assert _owned_fraction(cache) == 1.0
 
 
 def test_no_warmer_where_the_kernel_lacks_the_advice(tiny_model, monkeypatch):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -29,6 +30,7 @@ import torch
 
 from graphrt.runner.huge_pages import HUGE_PAGE
 
+log = logging.getLogger(__name__)
 MADV_POPULATE_WRITE = 23  # <linux/mman.h>; not in Python's mmap module before 3.13
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -131,4 +133,5 @@ class KVPageWarmer:
         if self._madvise(lo, hi - lo, MADV_POPULATE_WRITE) == 0:  # the GIL is released meanwhile
             return True
         self.error = os.strerror(ctypes.get_errno())
+        log.warning("KV pages: stopped faulting them in ahead (%s); they fault on first use", self.error)
         return False

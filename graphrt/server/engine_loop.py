@@ -101,7 +101,7 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="graphrt-engine", daemon=True)
-        self.stats: dict[str, Any] = {}  # the engine's counters after the last step
+        self.stats: dict[str, Any] = {}  # the engine's counters after the last step (idle: every half second)
         self._snapshot()
 
     # --- the asyncio side ----------------------------------------------------------------------
@@ -195,6 +195,8 @@ class EngineLoop:
         try:
             fn = self._commands.get(timeout=0.5) if wait else self._commands.get_nowait()
         except queue.Empty:
+            if wait:  # idle: what moves without steps (the KV pages faulted in) stays current
+                self._snapshot()
             return
         while fn is not None:
             try:

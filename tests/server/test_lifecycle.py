@@ -82,3 +82,27 @@ def test_sigterm_finishes_in_flight_streams_then_exits_0(tiny_tok_model):
     chunks = [json.loads(e) for e in lines[:-1]]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert code == 0
+
+
+def test_a_server_asked_to_prefault_reports_its_kv_pages_faulted_in_while_idle(tiny_tok_model):
+    """``--prefault-kv-cache``: the whole cache is faulted in on a thread from start-up, and the
+    gauge follows it with no request sent (the idle engine loop refreshes its counters)."""
+    from graphrt.runner.page_warmer import populate_supported
+
+    # Arrange
+    live = LiveServer(tiny_tok_model, "--prefault-kv-cache")
+    try:
+        # Act
+        deadline = time.time() + 30
+        while True:
+            m = live.metrics()
+            if m.get("graphrt_kv_blocks_warmed", 0) > m["graphrt_kv_blocks_total"] or time.time() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        live.stop()
+    # Assert: every block, the null block too; no warmer (and no gauge) where the kernel lacks the advice
+    if populate_supported():
+        assert m["graphrt_kv_blocks_warmed"] == m["graphrt_kv_blocks_total"] + 1
+    else:
+        assert "graphrt_kv_blocks_warmed" not in m

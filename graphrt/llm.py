@@ -40,7 +40,6 @@ class LLM:
         kv_cache_fraction: float = 0.1,
         block_size: int | None = None,
         enable_prefix_caching: bool = True,
-        prefault_kv_cache: bool = False,
         seed: int = 0,
         capture_sizes: CaptureSizes | None = None,
         compile: bool = True,
@@ -61,6 +60,7 @@ class LLM:
         limit_mm_per_prompt: int = 4,
         enable_prompt_embeds: bool = False,
         huge_pages: bool = True,
+        prefault_kv_cache: bool = False,
     ) -> None:
         """Load ``model`` and start serving it. Settings left as None come from a shipped graph
         cache (``graph_cache=DIR``, as ``graphrt precompile`` wrote it) when there is one, else

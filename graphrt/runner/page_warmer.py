@@ -5,16 +5,16 @@ it has never used in id order before any it has (``core/block_manager.py``), so 
 steps keep reaching new pages until every block has been used once. Each layer's K and V is its
 own tensor: when the blocks handed out cross a page boundary, all of them fault in the same step.
 In 2 MiB pages that is the costly case. On the 2-vCPU VM this was measured on, a fresh huge page
-took 5-57 ms to fault, so SmolLM2's 60 caches made one batch-8 decode step take 1.15-1.17 s
-against 12 ms for the others, once every 170 blocks handed out, in two runs of 400 steps.
+took 5-57 ms to fault, so SmolLM2's 60 caches made one batch-8 decode step take 1.0-1.4 s
+against 12 ms for the others, once every 170 blocks handed out.
 
 ``KVPageWarmer`` keeps the pages of the next ``ahead`` blocks faulted in, one huge page of every
 cache at a time, from a thread that waits while it is far enough ahead. It asks the kernel
 (``MADV_POPULATE_WRITE``, Linux 5.14) to fault the pages in as a write would, without touching a
 byte, so it may run beside a step that writes the same cache. The faults cost the same CPU time
-as before: they are spread over many steps instead of landing in one. Where the kernel lacks the
-advice (or there is no huge page to fault), nothing is started and the pages fault on first use,
-as before.
+as before: they are spread over many steps instead of landing in one. ``whole`` faults in the
+whole cache from the start instead (``CacheConfig.prefault``), in any page size. Where the kernel
+lacks the advice, nothing is started and the pages fault on first use, as before.
 """
 
 from __future__ import annotations

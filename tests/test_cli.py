@@ -159,3 +159,28 @@ def test_serve_prefaults_the_kv_cache_only_when_asked():
     assert llm_kwargs(parser.parse_args(["generate"]))["prefault_kv_cache"] is False  # serve's flag alone
     with pytest.raises(SystemExit):
         parser.parse_args(["generate", "--prefault-kv-cache"])
+
+
+def test_serve_starts_its_engine_on_a_thread_that_ends_and_keeps_its_errors():
+    """graphrt serve builds the LLM off the main thread, so that start-up's OpenMP pool ends with
+    that thread (the engine loop's thread then owns the only one)."""
+    import threading
+
+    from graphrt.cli.serve import on_a_thread_that_ends
+
+    # Arrange
+    seen = []
+
+    def start():
+        seen.append(threading.current_thread())
+        return 42
+
+    def bad():
+        raise ValueError("model 'x' does not exist")
+
+    # Act
+    value = on_a_thread_that_ends(start)
+    # Assert
+    assert value == 42 and seen[0] is not threading.current_thread() and not seen[0].is_alive()
+    with pytest.raises(ValueError, match="model 'x' does not exist"):
+        on_a_thread_that_ends(bad)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import threading
@@ -45,6 +46,7 @@ def populate_supported() -> bool:
     return fn(page, _PAGE, MADV_POPULATE_WRITE) == 0
 
 
+@functools.cache
 def _madvise() -> Callable[[int, int, int], int] | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -99,8 +101,11 @@ class KVPageWarmer:
         return self
 
     def nudge(self) -> None:
-        if self.warmed < self.num_blocks:
+        if self.warmed < self._target():  # after each step: most steps leave it far enough ahead
             self._wake.set()
+
+    def _target(self) -> int:
+        return self.num_blocks if self.whole else min(self.num_blocks, self._frontier() + self.ahead)
 
     def stop(self, wait: bool = True) -> None:
         """End the thread; ``wait``: until it has (its fault under way, at most tens of ms)."""
@@ -115,8 +120,7 @@ class KVPageWarmer:
 
     def _run(self) -> None:
         while not self._stop.is_set() and self.warmed < self.num_blocks:
-            target = self.num_blocks if self.whole else min(self.num_blocks, self._frontier() + self.ahead)
-            if self.warmed >= target:
+            if self.warmed >= self._target():
                 self._wake.wait(1.0)
                 self._wake.clear()
                 continue

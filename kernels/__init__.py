@@ -3,7 +3,8 @@
 Importing this package registers every op. Each op has a pure-torch reference
 (``reference.py``), a fake implementation (graphs trace anywhere), a CPU implementation and an
 entry in the NPU lowering table (``npu.py``). ``linear``, ``linear_quantized``, ``dequantize``,
-``linear_tiles``, ``dequantize_tiles`` and ``paged_attention`` also have native CPU kernels
+``linear_tiles``, ``dequantize_tiles``, ``linear_packed_bf16``, ``unpack_bf16`` and ``paged_attention``
+also have native CPU kernels
 (``native/``, built on first use by ``native_library.py``), which take over on CPU tensors when
 the library loads. The wrappers below check their arguments; graph passes call
 ``torch.ops.graphrt.*`` directly. Kernels import nothing else from graphrt.
@@ -18,6 +19,7 @@ from graphrt.kernels.mla import mla_attention
 from graphrt.kernels.moe import moe_experts
 from graphrt.kernels.native_library import load as _load_native
 from graphrt.kernels.norm import fused_add_rms_norm, rms_norm
+from graphrt.kernels.packed_bf16 import linear_packed_bf16, unpack_bf16
 from graphrt.kernels.quant_tiles import dequantize_tiles, linear_tiles
 from graphrt.kernels.quantized import dequantize, linear_quantized
 from graphrt.kernels.rotary import rotary_embedding
@@ -31,6 +33,8 @@ OPS = (
     "dequantize",
     "linear_tiles",
     "dequantize_tiles",
+    "linear_packed_bf16",
+    "unpack_bf16",
     "slot_mapping",
     "reshape_and_cache",
     "paged_attention",
@@ -55,6 +59,7 @@ __all__ = [
     "draft_sample",
     "fused_add_rms_norm",
     "linear",
+    "linear_packed_bf16",
     "linear_quantized",
     "linear_tiles",
     "mla_attention",
@@ -66,4 +71,5 @@ __all__ = [
     "rotary_embedding",
     "sample",
     "slot_mapping",
+    "unpack_bf16",
 ]

@@ -37,7 +37,15 @@ import warnings
 import torch
 
 NATIVE_DIR = pathlib.Path(__file__).parent / "native"
-SOURCES = ("isa_kernels.cpp", "ops.cpp", "attention.cpp", "quant_tiles.cpp", "sampling.cpp", "c_shims.cpp")
+SOURCES = (
+    "isa_kernels.cpp",
+    "ops.cpp",
+    "attention.cpp",
+    "quant_tiles.cpp",
+    "packed_bf16.cpp",
+    "sampling.cpp",
+    "c_shims.cpp",
+)
 ISAS = ("amx", "vnni", "avx512", "avx2", "portable")
 LIBRARY = "libgraphrt_cpu.so"
 
@@ -199,6 +207,9 @@ AOTI_C_SHIMS = {
     "linear_tiles": "AOTITorchError aoti_torch_cpu_linear_tiles(AtenTensorHandle, AtenTensorHandle, "
     "AtenTensorHandle*, AtenTensorHandle*)",
     "dequantize_tiles": "AOTITorchError aoti_torch_cpu_dequantize_tiles(AtenTensorHandle, int32_t, AtenTensorHandle*)",
+    "linear_packed_bf16": "AOTITorchError aoti_torch_cpu_linear_packed_bf16(AtenTensorHandle, AtenTensorHandle, "
+    "AtenTensorHandle*, AtenTensorHandle*)",
+    "unpack_bf16": "AOTITorchError aoti_torch_cpu_unpack_bf16(AtenTensorHandle, AtenTensorHandle*)",
     "slot_mapping": "AOTITorchError aoti_torch_cpu_slot_mapping(AtenTensorHandle, AtenTensorHandle, "
     "AtenTensorHandle, int64_t, AtenTensorHandle*)",
     "paged_attention": "AOTITorchError aoti_torch_cpu_paged_attention(AtenTensorHandle, AtenTensorHandle*, "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from graphrt.kernels import cache, canonical, quant_tiles, quantized
+from graphrt.kernels import cache, canonical, packed_bf16, quant_tiles, quantized
 from graphrt.kernels.bitmask import unpack_bitmask
 
 # op → (max-autotune: Ascend operators; reduce-overhead: the kernel dispatched on NPU tensors)
@@ -47,6 +47,11 @@ NPU_LOWERING: dict[str, tuple[str, str]] = {
         "its own aten body",
     ),
     "dequantize_tiles": ("aten body: regroup + unpack + Mul/Add (a CPU layout)", "its own aten body"),
+    "linear_packed_bf16": (
+        "aten body: unpack + MatMulV2 (a CPU layout: an NPU engine keeps the row-major one)",
+        "its own aten body",
+    ),
+    "unpack_bf16": ("aten body: Transpose (a CPU layout)", "its own aten body"),
     "slot_mapping": ("aten body: integer arithmetic, no Ascend operator fits", "its own aten body"),
     "apply_token_bitmask": ("aten body: unpack + masked_fill", "aten body"),
     "sample": ("aten body: no Ascend sampling operator takes graphrt's seeds", "aten body (canonical.sample)"),
@@ -147,6 +152,8 @@ def graph_safe_bodies() -> dict[str, object]:
         "linear_quantized": quantized.linear_quantized_torch,
         "dequantize_tiles": quant_tiles.dequantize_tiles_torch,  # already one
         "linear_tiles": quant_tiles.linear_tiles_torch,
+        "unpack_bf16": packed_bf16.unpack_torch,  # already one
+        "linear_packed_bf16": packed_bf16.linear_packed_bf16_torch,
     }
 
 

@@ -10,6 +10,7 @@ bandwidth's reads both sit in 2 MiB pages; without, both in 4 KiB pages.
 
 from __future__ import annotations
 
+import glob
 import math
 import time
 
@@ -28,7 +29,29 @@ SMOLLM2_SHAPES = {
     "down": (576, 1536),
     "lm_head": (49152, 576),
 }
-COLD_BYTES = 256 * 2**20  # per shape and sweep: well past any last-level cache here (32 MiB)
+COLD_BYTES = 256 * 2**20  # per shape and sweep, at least: past a usual last-level cache (32 MiB)
+
+
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache Linux reports (0 when it reports none)."""
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = open(path).read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=0)
+
+
+def cold_sweep_bytes() -> int:
+    """Bytes of distinct matrices a shape's sweep reads: twice the last-level cache, and at least
+    COLD_BYTES. A VM can report (and have) a large one: 480 MiB on one Intel Xeon, where four
+    copies of SmolLM2's LM head (226 MB) read at 38-41 GB/s against 29-37 for twenty."""
+    return max(COLD_BYTES, 2 * last_level_cache_bytes())
 
 
 QUANTIZED = ("int8", "int4")  # weight formats measured with fp32 activations
@@ -38,9 +61,16 @@ def _engines(quantized: bool = False):
     if quantized:  # graphrt reads the quantized bytes; aten gets the matrix dequantised first
         return {"graphrt": _quantized_product, "aten": lambda x, w: F.linear(x, _dequantized(w, x.dtype))}
     return {
-        "graphrt": lambda x, w: torch.ops.graphrt.linear(x, w, None),
+        "graphrt": _product,
         "aten": lambda x, w: F.linear(x, w),
     }
+
+
+def _product(x, w):
+    """graphrt's product of a row-major matrix, or of a packed bf16 one (kernels/packed_bf16.py)."""
+    if w.ndim == 4:
+        return torch.ops.graphrt.linear_packed_bf16(x, w, None)
+    return torch.ops.graphrt.linear(x, w, None)
 
 
 def _quantized_product(x, w: tuple):
@@ -101,31 +131,39 @@ def bench_kernels(
     rows: list[int],
     shapes: dict[str, tuple[int, int]] | None = None,
     repeats: int = 3,
-    cold_bytes: int = COLD_BYTES,
+    cold_bytes: int | None = None,
     huge_pages: bool = True,
 ) -> dict:
     import graphrt.kernels as kernels
 
     shapes = shapes or SMOLLM2_SHAPES
+    cold_bytes = cold_sweep_bytes() if cold_bytes is None else cold_bytes
     pages = pages_name(huge_pages)
-    from graphrt.kernels import quant_tiles
+    from graphrt.kernels import packed_bf16, quant_tiles
 
     layout = "tiles" if quant_tiles.wanted(kernels.NATIVE_ISA) else "the plain layouts"
+    packs = packed_bf16.wanted(kernels.NATIVE_ISA)
+    bf16_layout = "packed" if packs else "row-major"
     print(
-        f"native kernels: {kernels.NATIVE_ISA or 'off'}; quantized matrices as {layout}; read bandwidth measured "
-        f"around each row (the faster of a sum and graphrt's one-row product over 1 GiB); {pages} pages"
+        f"native kernels: {kernels.NATIVE_ISA or 'off'}; quantized matrices as {layout}; bf16 ones {bf16_layout} "
+        f"for graphrt (as an engine holds them), row-major for aten; {cold_bytes / 2**20:.0f} MiB of matrices a "
+        f"shape; read bandwidth measured around each row (the faster of a sum and graphrt's one-row product over "
+        f"1 GiB); {pages} pages"
     )
     results = []
     for dtype_name in dtypes:
         quantized = dtype_name in QUANTIZED
         dtype = torch.float32 if quantized else getattr(torch, dtype_name)
         engines = _engines(quantized)
-        mats = {}
+        mats, own = {}, {}  # each shape's matrices; graphrt's own copies where it reads another layout
         for name, (n, k) in shapes.items():
             one = _bytes(_matrix(n, k, dtype_name))
             mats[name] = [_matrix(n, k, dtype_name) for _ in range(max(2, math.ceil(cold_bytes / one)))]
-            if huge_pages:
-                _to_huge_pages(mats[name])
+            if dtype_name == "bfloat16" and packs and all(packed_bf16.packable(w) for w in mats[name]):
+                own[name] = [packed_bf16.to_packed(w) for w in mats[name]]
+            for group in (mats[name], own.get(name, [])):
+                if huge_pages and group:
+                    _to_huge_pages(group)
         for m in rows:
             row = {"dtype": dtype_name, "rows": m, "shapes": {}}
             before = streaming_reads(huge_pages=huge_pages)  # the machine drifts: each row gets its own, around it
@@ -136,7 +174,8 @@ def bench_kernels(
                     nbytes = sum(_bytes(w) for w in weights)
                     per = {}
                     for engine, fn in engines.items():  # side by side, shape by shape
-                        s = _sweep_seconds(fn, x, weights, repeats)
+                        read = own[name] if engine == "graphrt" and name in own else weights
+                        s = _sweep_seconds(fn, x, read, repeats)
                         per[engine] = nbytes / s / 1e9
                         total[engine][0] += nbytes
                         total[engine][1] += s
@@ -161,5 +200,12 @@ def bench_kernels(
                 + shapes_txt
                 + steal_note(meter.fraction)
             )
-        del mats
-    return {"native_isa": kernels.NATIVE_ISA, "quantized_layout": layout, "pages": pages, "rows": results}
+        del mats, own
+    return {
+        "native_isa": kernels.NATIVE_ISA,
+        "quantized_layout": layout,
+        "bf16_layout": bf16_layout,
+        "cold_bytes": cold_bytes,
+        "pages": pages,
+        "rows": results,
+    }

@@ -59,7 +59,7 @@ class MLAttention(nn.Module):
         rotate = apply_rotary_interleaved if self.interleave else apply_rotary
         cos, sin = cos_sin
         q_pe, k_pe = rotate(q_pe, cos, sin), rotate(k_pe[:, None, :], cos, sin)[:, 0, :]
-        w_kv = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_dim, self.rank)
+        w_kv = dense_weight(self.kv_b_proj, q_nope.dtype).view(self.num_heads, self.nope + self.v_dim, self.rank)
         w_uk, w_uv = w_kv[:, : self.nope, :], w_kv[:, self.nope :, :]
         q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, rank]
         out = canonical.mla_attention(

@@ -84,7 +84,10 @@ def use_quant_tiles(model: nn.Module) -> int:
 
 def dense_weight(module: nn.Module, dtype: torch.dtype) -> torch.Tensor:
     """A projection's weight matrix as the graph should read it: a float weight as it is, a
-    quantized one through the canonical ``dequantize`` (which decode graphs never materialise)."""
+    quantized one through the canonical ``dequantize`` (which decode graphs never materialise), a
+    packed one (``models/packed.py``) through ``unpack_bf16`` (which compiled graphs never run)."""
+    if hasattr(module, "dense_weight"):
+        return module.dense_weight(dtype)
     if isinstance(module, _Quantized):
         if module.tiles is not None:
             return torch.ops.graphrt.dequantize_tiles(module.tiles, dtype)

@@ -77,6 +77,18 @@ AOTITorchError aoti_torch_cpu_dequantize_tiles(AtenTensorHandle tiles, int32_t d
       { *ret = handle(graphrt_native::dequantize_tiles(tensor(tiles), static_cast<at::ScalarType>(dtype))); });
 }
 
+AOTITorchError aoti_torch_cpu_linear_packed_bf16(AtenTensorHandle x, AtenTensorHandle packed, AtenTensorHandle* bias,
+                                                 AtenTensorHandle* ret) {
+  GRAPHRT_RECORD("graphrt::linear_packed_bf16");
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE(
+      { *ret = handle(graphrt_native::linear_packed_bf16(tensor(x), tensor(packed), optional_tensor(bias))); });
+}
+
+AOTITorchError aoti_torch_cpu_unpack_bf16(AtenTensorHandle packed, AtenTensorHandle* ret) {
+  GRAPHRT_RECORD("graphrt::unpack_bf16");
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({ *ret = handle(graphrt_native::unpack_bf16(tensor(packed))); });
+}
+
 AOTITorchError aoti_torch_cpu_slot_mapping(AtenTensorHandle positions, AtenTensorHandle token_req,
                                            AtenTensorHandle block_tables, int64_t block_size, AtenTensorHandle* ret) {
   GRAPHRT_RECORD("graphrt::slot_mapping");

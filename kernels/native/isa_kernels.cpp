@@ -122,7 +122,8 @@ static void gemm_bf16_dot(const uint16_t* x, const void* w, float* y, int64_t M,
 #pragma GCC pop_options
 
 // bf16 x bf16 with 2 to 16 activation rows on AMX tiles (amx_gemm.h); other row counts, ragged
-// shapes and the rows beyond the last full block of 32 take the dot product above. Quantized
+// shapes and the rows beyond the last full block of 32 take the dot product above. bf16 weights
+// packed for the tiles (kernels/packed_bf16.py) with any number of rows. Quantized
 // weights with 6 to 8 activation rows (int4: amx_quant_gemm.h, int8: amx_int8_gemm.h); the rows
 // beyond the last full block of 16 take the avx512 vector kernel. Quantized tiles with 5 to 8
 // activation rows (amx_tile_quant_gemm.h).
@@ -149,6 +150,10 @@ static void pack_pairs(const uint16_t* x, uint32_t* pairs, int64_t M, int64_t K)
 static void gemm_bf16(const uint32_t* pairs, const void* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
                       int64_t n1) {
   amx_gemm_rows(pairs, static_cast<const uint16_t*>(w), y, M, N, K, n0, n1);
+}
+static void gemm_bf16_packed(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* out, int64_t M,
+                             int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  amx_packed_rows(x, w, bias, out, M, N, K, n0, n1);
 }
 }  // namespace amx
 #pragma GCC pop_options
@@ -215,6 +220,7 @@ static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, Atte
   k.gemm_bf16_dot = nullptr;
   k.gemm_bf16_amx = nullptr;
   k.pack_pairs = nullptr;
+  k.gemm_bf16_packed = nullptr;
   k.pack_parts = nullptr;
   k.quant_gemm_amx = nullptr;
   k.vnni_pack = nullptr;
@@ -276,6 +282,7 @@ static IsaKernels choose() {
       k.gemm_bf16_dot = avx512bf16::gemm_bf16_dot;
       k.gemm_bf16_amx = amx::gemm_bf16;
       k.pack_pairs = amx::pack_pairs;
+      k.gemm_bf16_packed = amx::gemm_bf16_packed;
       k.pack_parts = amx::pack_parts;
       k.quant_gemm_amx = amx::quant_gemm;
       k.vnni_pack = vnni::vnni_pack;

@@ -53,6 +53,11 @@ using AmxGemmFn = void (*)(const uint32_t* pairs, const void* w, float* y, int64
                            int64_t n1);
 constexpr int64_t kAmxMinRows = 2, kAmxMaxRows = 16;  // a B tile row holds 16 activation rows' pairs
 constexpr int64_t kAmxBlock = 32;
+// bf16 weights packed for the tiles (kernels/packed_bf16.py, amx_packed_rows): out [M, N] bf16 =
+// x [M, K] bf16 (contiguous, any M) times the weights (+ bias fp32 [N] or null) over output
+// columns [n0, n1), multiples of 32 (null without AMX).
+using AmxPackedFn = void (*)(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* out, int64_t M,
+                             int64_t N, int64_t K, int64_t n0, int64_t n1);
 
 // The quantized AMX path: x fp32 [M, K] packed once a call, then y over output columns [n0, n1),
 // a multiple of 16 of them (null without AMX). int4 (amx_quant_gemm.h): two bf16 parts of each
@@ -133,6 +138,7 @@ struct IsaKernels {
   GemmBf16DotFn gemm_bf16_dot;
   AmxGemmFn gemm_bf16_amx;
   PackPairsFn pack_pairs;
+  AmxPackedFn gemm_bf16_packed;
   AttendFn attend_f32;
   AttendFn attend_bf16;
   QuantGemmFn quant_gemm;

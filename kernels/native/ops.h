@@ -1,4 +1,4 @@
-// graphrt's native CPU ops (ops.cpp, attention.cpp, quant_tiles.cpp, sampling.cpp): registered with the dispatcher
+// graphrt's native CPU ops (ops.cpp, attention.cpp, quant_tiles.cpp, packed_bf16.cpp, sampling.cpp): registered with the dispatcher
 // there, and called directly by AOTInductor packages through the C entry points of c_shims.cpp.
 
 #pragma once
@@ -20,6 +20,8 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
                             const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& bias);
 at::Tensor dequantize_tiles(const at::Tensor& tiles, at::ScalarType dtype);
 at::Tensor linear_tiles(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& bias);
+at::Tensor unpack_bf16(const at::Tensor& packed);
+at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias);
 at::Tensor slot_mapping(const at::Tensor& positions, const at::Tensor& token_req, const at::Tensor& block_tables,
                         int64_t block_size);
 at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v,

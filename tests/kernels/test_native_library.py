@@ -17,6 +17,7 @@ CHECK = textwrap.dedent("""
     import json, torch
     import graphrt.kernels as kernels
     from graphrt.kernels import reference
+    from graphrt.kernels.packed_bf16 import to_packed
     from graphrt.kernels.quant_tiles import to_tiles
     from graphrt.kernels.quantized import dequantize_torch, quantize_int4, quantize_int8
     from tests.kernels.paged_batch import make_batch
@@ -53,6 +54,14 @@ CHECK = textwrap.dedent("""
                 errs[f"tiles{bits} {dtype} {m}x{n}x{k}"] = ((got - want).abs().max() / want.abs().max()).item()
                 got = kernels.dequantize_tiles(tiles).double()
                 errs[f"dequantize tiles{bits} {n}x{k}"] = (got - dequantize_torch(*q, torch.float64)).abs().max().item()
+        if dtype == torch.bfloat16:  # packed bf16 (AMX tiles, any rows; elsewhere the row-major product)
+            for m, n, k in [(1, 32, 64), (8, 96, 576), (16, 64, 96), (17, 32, 32), (40, 64, 1536)]:
+                x, w, b = (torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype),
+                           torch.randn(n, generator=g).to(dtype))
+                want = x.double() @ w.double().T + b.double()
+                got = kernels.linear_packed_bf16(x, to_packed(w), b).double()
+                errs[f"packed {dtype} {m}x{n}x{k}"] = ((got - want).abs().max() / want.abs().max()).item()
+                errs[f"dequantize packed {n}x{k}"] = float((kernels.unpack_bf16(to_packed(w)) != w).sum())
         # head_dim 64 with 3 heads per KV head and 128 with 2 take the register-held path
         for block_size, head_dim, heads in [(1, 8, 6), (16, 24, 6), (64, 64, 6), (16, 128, 4), (16, 128, 8)]:
             bt = make_batch([(200, 200), (300, 1), (33, 9)], block_size, heads, 2, head_dim, dtype=dtype,

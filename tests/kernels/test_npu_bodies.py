@@ -8,6 +8,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphrt.kernels import npu, sampling
+from graphrt.kernels.packed_bf16 import to_packed
 from graphrt.kernels.quant_tiles import to_tiles
 from graphrt.kernels.quantized import quantize_int4
 from graphrt.kernels.sampling import _sample as cpu_sample
@@ -154,6 +155,9 @@ def test_every_body_traces_without_reading_data(monkeypatch):
     tiles = to_tiles(*quantize_int4(torch.randn(16, 64)))
     cases["dequantize_tiles"] = (tiles, torch.float32)
     cases["linear_tiles"] = (torch.randn(3, 64), tiles, None)
+    packed = to_packed(torch.randn(32, 64).bfloat16())
+    cases["unpack_bf16"] = (packed,)
+    cases["linear_packed_bf16"] = (torch.randn(3, 64).bfloat16(), packed, None)
     assert set(cases) == set(npu.graph_safe_bodies())
     for name, args in cases.items():
         traced = make_fx(npu.graph_safe_bodies()[name], tracing_mode="fake")(*args)

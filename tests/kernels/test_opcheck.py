@@ -75,7 +75,12 @@ def cases():
 
     q4, q8 = quantize_int4(torch.randn(6, 64)), quantize_int8(torch.randn(6, 64))
     tiles = to_tiles(*quantize_int4(torch.randn(32, 64)))
+    from graphrt.kernels.packed_bf16 import to_packed
+
+    packed = to_packed(torch.randn(64, 96).bfloat16())
     return {
+        "unpack_bf16": (packed,),
+        "linear_packed_bf16": (torch.randn(2, 3, 96).bfloat16(), packed, torch.randn(64).bfloat16()),
         "dequantize": (*q4, torch.float32),
         "dequantize_tiles": (tiles, torch.bfloat16),
         "linear_tiles": (torch.randn(2, 3, 64), tiles, torch.randn(32)),
@@ -115,6 +120,13 @@ def test_opcheck(name):
 def test_opcheck_bf16_linear_without_bias():
     args = (torch.randn(2, 5, 40).bfloat16(), torch.randn(9, 40).bfloat16(), None)
     torch.library.opcheck(torch.ops.graphrt.linear.default, args)
+
+
+def test_opcheck_packed_linear_without_bias_and_prefill_rows():
+    from graphrt.kernels.packed_bf16 import to_packed
+
+    packed = to_packed(torch.randn(32, 64).bfloat16())
+    torch.library.opcheck(torch.ops.graphrt.linear_packed_bf16.default, (torch.randn(40, 64).bfloat16(), packed, None))
 
 
 def test_opcheck_int4_linear_and_bf16_dequantize():

@@ -179,3 +179,65 @@ def test_tiles_read_their_bytes_at_few_rows_and_prefill_keeps_the_spelling(rows)
         assert rec.results["use_skinny_gemm"].unmatched == 2
     err = ((got - want).abs().max() / want.abs().max()).item()
     assert err <= DIGITS_TOL, err
+
+
+POP = torch.ops.graphrt.linear_packed_bf16.default
+
+
+def unpacks(graph) -> int:
+    return count(graph, torch.ops.graphrt.unpack_bf16) + count(graph, torch.ops.graphrt.unpack_bf16.default)
+
+
+class PackableMlp(nn.Module):
+    """A bf16 Mlp whose up and down projections pack (64 x 96 and 96 x 64) and a third that does
+    not (96 inputs, 40 outputs: not a whole block)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(64, 96, bias=True).bfloat16()
+        self.down = nn.Linear(96, 64, bias=False).bfloat16()
+        self.side = nn.Linear(96, 40, bias=False).bfloat16()
+
+    def forward(self, x):
+        h = torch.relu(self.up(x))
+        return self.down(h), self.side(h)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 65])
+def test_packed_projections_read_the_packed_matrix_at_any_row_count(rows):
+    from graphrt.models.packed import PackedLinear, use_packed_bf16
+
+    torch.manual_seed(2)
+    model = PackableMlp()
+    x = torch.randn(rows, 64).bfloat16()
+    with torch.no_grad():
+        plain = model(x)
+    assert use_packed_bf16(model) == 2 and isinstance(model.up, PackedLinear) and type(model.side) is nn.Linear
+    rec = RecordingBackend()
+    with torch.no_grad():
+        got = rec.compile(model)(x)
+        want = model(x)
+    for w, p in zip(want, plain):  # eager: the packed matrix put back is the row-major one
+        assert torch.equal(w, p)
+    assert unpacks(rec.before) == 2 and count(rec.before, POP) == 0
+    assert count(rec.after, POP) == 2 and unpacks(rec.after) == 0
+    # the projection that did not pack is a plain one: the skinny GEMM at few rows, aten at 65
+    assert count(rec.after, OP) == (1 if rows <= 64 else 0)
+    for g, w in zip(got, want):
+        err = ((g.float() - w.float()).abs().max() / w.float().abs().max()).item()
+        assert err <= 2e-2, err
+
+
+def test_a_disabled_pass_keeps_the_unpack_spelling():
+    from graphrt.models.packed import use_packed_bf16
+
+    model = PackableMlp()
+    use_packed_bf16(model)
+    x = torch.randn(4, 64).bfloat16()
+    rec = RecordingBackend(disabled=("use_skinny_gemm",))
+    with torch.no_grad():
+        got = rec.compile(model)(x)
+        want = model(x)
+    assert unpacks(rec.after) == 2 and count(rec.after, POP) == 0 and count(rec.after, OP) == 0
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)

@@ -1,0 +1,62 @@
+"""Projections and embeddings over packed bf16 matrices (``kernels/packed_bf16.py``).
+
+On a CPU whose tile product reads packed weights faster (``packed_bf16.wanted``), an engine that
+compiles its graphs calls ``use_packed_bf16`` after loading: every bf16 ``nn.Linear`` whose matrix
+packs (both dimensions multiples of 32) becomes a ``PackedLinear``, every such ``nn.Embedding`` a
+``PackedEmbedding``. A projection is then spelled
+
+    F.linear(x, graphrt.unpack_bf16(packed), bias)
+
+which eager mode runs as written (the whole matrix put back per call) and ``use_skinny_gemm``
+turns into ``graphrt::linear_packed_bf16`` in every graph. An embedding lookup gathers only its
+rows (``packed_bf16.rows``); a tied LM head reads the embedding's packed matrix: still one copy.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graphrt.kernels import packed_bf16
+
+
+class PackedLinear(nn.Module):
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed", packed_bf16.to_packed(linear.weight))
+        self.bias = linear.bias
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        return torch.ops.graphrt.unpack_bf16(self.packed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.dense_weight(x.dtype), self.bias)
+
+
+class PackedEmbedding(nn.Module):
+    def __init__(self, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
+        self.register_buffer("packed", packed_bf16.to_packed(embedding.weight))
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        return torch.ops.graphrt.unpack_bf16(self.packed)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return packed_bf16.rows(self.packed, ids)
+
+
+def use_packed_bf16(model: nn.Module) -> int:
+    """Every packable bf16 projection and embedding table of ``model`` packed (the row-major
+    matrices go); returns how many are packed now."""
+    swaps = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if type(child) is nn.Linear and packed_bf16.packable(child.weight):
+                swaps.append((parent, name, PackedLinear))
+            elif type(child) is nn.Embedding and packed_bf16.packable(child.weight):
+                swaps.append((parent, name, PackedEmbedding))
+    for parent, name, kind in swaps:  # one at a time: each row-major matrix goes as its copy comes
+        setattr(parent, name, kind(getattr(parent, name)))
+    return sum(isinstance(m, (PackedLinear, PackedEmbedding)) for m in model.modules())

@@ -145,6 +145,21 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
   }
   AheadStream<C> stream(k_cache, v_cache, slot_elems, block_size, next, (2 * Hkv - 1) * n);
   for (int64_t g = 0; g < Hkv; ++g) {
+#if defined(GRT_BF16_DOT)
+    // a bf16 cache's scores on the bf16 dot product: its q is bf16 (the cache's dtype), so its
+    // pairs are exact, and each key's 32 values are one load, not two widened halves per head
+    constexpr bool kDot = std::is_same_v<C, uint16_t> && DV % 2 == 0;
+    __m512bh qpairs[kDot ? G : 1][kDot ? DV / 2 : 1];
+    if constexpr (kDot) {
+      for (int i = 0; i < G; ++i)
+        for (int h = 0; h < DV / 2; ++h) {
+          const float* qh = q + (g * G + i) * D + 2 * h * kLanes;
+          qpairs[i][h] = _mm512_cvtne2ps_pbh((__m512)load(qh + kLanes), (__m512)load(qh));
+        }
+    }
+#else
+    constexpr bool kDot = false;
+#endif
     for (int64_t l = 0; l < n; l += kLanes) {
       const int64_t count = std::min<int64_t>(kLanes, n - l);
       if (g == 0) {
@@ -159,13 +174,26 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
       for (int64_t j = 0; j < count; ++j) key[j] = k_cache + offset[l + j] + g * D;
       for (int64_t j = count; j < kLanes; ++j) key[j] = key[0];  // a partial block's spare lanes
       for (int i = 0; i < G; ++i) {
-        vf qv[DV];
-        for (int d = 0; d < DV; ++d) qv[d] = load(q + (g * G + i) * D + d * kLanes);
         vf a[kLanes];
+        if constexpr (kDot) {
+#if defined(GRT_BF16_DOT)
 #pragma GCC unroll 16
-        for (int j = 0; j < kLanes; ++j) {
-          a[j] = qv[0] * load(key[j]);
-          for (int d = 1; d < DV; ++d) a[j] += qv[d] * load(key[j] + d * kLanes);
+          for (int j = 0; j < kLanes; ++j) {
+            const uint16_t* kj = reinterpret_cast<const uint16_t*>(key[j]);
+            __m512 acc = _mm512_dpbf16_ps(_mm512_setzero_ps(), qpairs[i][0], (__m512bh)_mm512_loadu_si512(kj));
+            for (int h = 1; h < DV / 2; ++h)
+              acc = _mm512_dpbf16_ps(acc, qpairs[i][h], (__m512bh)_mm512_loadu_si512(kj + 2 * h * kLanes));
+            a[j] = (vf)acc;
+          }
+#endif
+        } else {
+          vf qv[DV];
+          for (int d = 0; d < DV; ++d) qv[d] = load(q + (g * G + i) * D + d * kLanes);
+#pragma GCC unroll 16
+          for (int j = 0; j < kLanes; ++j) {
+            a[j] = qv[0] * load(key[j]);
+            for (int d = 1; d < DV; ++d) a[j] += qv[d] * load(key[j] + d * kLanes);
+          }
         }
         const vf s = lane_sums(a) * splat(scale);
         float* out = scores + (g * G + i) * n + l;

@@ -48,6 +48,7 @@ class MLAttention(nn.Module):
         self.kv_a_proj_with_mqa = nn.Linear(h, self.rank + self.rope, bias=m.attention_bias)
         self.kv_a_layernorm = RMSNorm(self.rank, LATENT_NORM_EPS)
         self.kv_b_proj = nn.Linear(self.rank, self.num_heads * (self.nope + self.v_dim), bias=False)
+        self.kv_b_proj.packable = False  # read as a matrix (absorbed into q and the output), not projected
         self.o_proj = nn.Linear(self.num_heads * self.v_dim, h, bias=m.attention_bias)
 
     def forward(self, x, positions, cos_sin, kv_cache, attn: AttentionInputs) -> torch.Tensor:

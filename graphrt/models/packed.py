@@ -53,10 +53,13 @@ class PackedEmbedding(nn.Module):
 
 def use_packed_bf16(model: nn.Module) -> int:
     """Every packable bf16 projection and embedding table of ``model`` packed (the row-major
-    matrices go); returns how many are packed now."""
+    matrices go); returns how many are packed now. A module marked ``packable = False`` (a matrix
+    the model reads whole, such as DeepSeek-V3's ``kv_b_proj``) stays as it is."""
     swaps = []
     for parent in model.modules():
         for name, child in parent.named_children():
+            if not getattr(child, "packable", True):
+                continue
             if type(child) is nn.Linear and packed_bf16.packable(child.weight):
                 swaps.append((parent, name, PackedLinear))
             elif type(child) is nn.Embedding and packed_bf16.packable(child.weight):

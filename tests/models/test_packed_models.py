@@ -79,6 +79,18 @@ def test_only_bf16_matrices_of_whole_blocks_are_packed():
     assert use_packed_bf16(model) == 2
     assert [type(m).__name__ for m in model] == ["PackedLinear", "Linear", "Linear", "PackedEmbedding"]
     assert use_packed_bf16(model) == 2  # already packed: nothing packed twice
+    kept = nn.Sequential(nn.Linear(64, 64).bfloat16())
+    kept[0].packable = False  # a matrix the model reads whole
+    assert use_packed_bf16(kept) == 0 and type(kept[0]) is nn.Linear
+
+
+def test_deepseek_keeps_its_absorbed_matrix_row_major(tiny_model):
+    from graphrt.loader import load_model
+
+    lm = load_model(tiny_model("deepseek_v3"), dtype="bfloat16")
+    use_packed_bf16(lm.model)
+    attn = lm.model.layers[0].self_attn
+    assert type(attn.kv_b_proj) is nn.Linear and isinstance(attn.o_proj, PackedLinear)
 
 
 RUN = textwrap.dedent("""

@@ -10,18 +10,21 @@ operand, read as they are. ``packed`` is bf16 ``[N / 32, K / 32, 32, 32]``; view
 ``w[32·b + 16·h + c, 32·s + 2·p + e]``. A block starts where its first row did (element
 ``32·b·K``), so the packed matrix is the same size and holds exactly the same numbers.
 
-Measured on an Intel Xeon with AMX (a probe of SmolLM2's projection shapes, cold weights, two
-threads, 8 activation rows): 28-30 GB/s over rows in place, 33-35 GB/s packed, against a 30 GB/s
-sum; `graphrt bench kernels --dtypes bfloat16` gives the product as an engine runs it.
+Measured on an Intel Xeon with AMX, SmolLM2's projection shapes, cold, two threads (`graphrt bench
+kernels --rows 1,8 --dtypes bfloat16`): 8 activation rows at 83% of the read bandwidth, against
+67-71% over the row-major matrices; 1 row at 85%. Prefill rows too: at 32-512 rows the tile
+product ran 0.96-1.8x aten's GEMM on the row-major matrix (docs/performance.md, "Packed bf16
+weights for AMX tiles").
 
 Ops:
 
-- ``graphrt::unpack_bf16(packed)``: the row-major matrix ``[N, K]``; prefill graphs keep
-  ``F.linear(x, unpack_bf16(packed), bias)``.
+- ``graphrt::unpack_bf16(packed)``: the row-major matrix ``[N, K]``; a model spells a projection
+  ``F.linear(x, unpack_bf16(packed), bias)``, which runs as written only where
+  ``use_skinny_gemm`` is disabled.
 - ``graphrt::linear_packed_bf16(x, packed, bias)``: ``x · Wᵀ (+ bias)`` over the packed blocks,
   bf16 activations, fp32 accumulation, bf16 out; ``passes/use_skinny_gemm.py`` rewrites the
-  spelling above into it for decode-sized graphs. Where the CPU has no AMX tiles it multiplies
-  the matrix put back (correct, slower; such a CPU does not pack: ``wanted()``).
+  spelling above into it in every graph, prefill included. Where the CPU has no AMX tiles it
+  multiplies the matrix put back (correct, slower; such a CPU does not pack: ``wanted()``).
 
 Both dimensions must be multiples of 32 (every projection and embedding table of the models
 graphrt runs; a matrix that is not stays row-major). An embedding lookup gathers its rows back

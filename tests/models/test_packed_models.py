@@ -142,3 +142,30 @@ def test_a_package_calling_the_packed_product_loads_in_a_fresh_process(tiny_mode
     assert all(len(t) == 8 for t in warm["tokens"])
     for got, want in zip(warm["prompt_logprobs"], transformers_prompt_logprobs(path, prompts)):
         assert (torch.tensor(got) - want).abs().max().item() < 0.2
+
+
+def test_lora_over_packed_projections(tiny_model, tmp_path, monkeypatch):
+    """An adapter's delta beside packed projections (project(): the base product, then the delta):
+    the packed engine's prompt log-probabilities with the adapter are the row-major engine's, and
+    the adapter moves them."""
+    from graphrt import LoRARequest
+    from tests.lora.adapters import make_adapter
+
+    path = tiny_model("llama_gqa")
+    lora = LoRARequest(
+        "a", 1, make_adapter(str(tmp_path), "llama_gqa", ("q_proj", "v_proj", "down_proj"), 4, 64, seed=5)
+    )
+    opts = dict(COMMON, enable_lora=True, max_loras=2, max_lora_rank=16)
+    prompts = random_prompts([19, 11], seed=23)
+
+    def logprobs(packed: str, adapter):
+        monkeypatch.setenv("GRAPHRT_PACKED_BF16", packed)
+        llm = make_llm(path, **opts)
+        kinds = {type(m) for m in llm.engine.loaded.model.modules()}
+        assert (PackedLinear in kinds) == (packed == "1")
+        return prompt_logprob_values(llm.generate(prompts, PARAMS, use_tqdm=False, lora_request=adapter))
+
+    with_packed, with_plain, without = logprobs("1", lora), logprobs("0", lora), logprobs("1", None)
+    for p, r, n in zip(with_packed, with_plain, without):
+        assert (p - r).abs().max().item() < 0.1
+        assert (p - n).abs().max().item() > 0.3  # the adapter matters

@@ -45,3 +45,15 @@ def check_same_device(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...])
     if len(devices) > 1:
         got = ", ".join(f"{n} on {t.device}" for n, t in zip(names, tensors))
         raise KernelArgumentError(f"all tensors must be on one device, got {got}")
+
+
+def check_stored_product(x: torch.Tensor, bias, name: str, stored: torch.Tensor, in_features: int, out_features: int):
+    """What a product ``x [..., K] · Wᵀ (+ bias [N])`` over a stored layout ``name`` checks once the
+    layout itself is checked: x's rank and K, the bias's size, one device."""
+    if x.ndim == 0:
+        raise KernelArgumentError("x must have at least one dimension [..., in_features], got a scalar")
+    check_dim("x", x, x.ndim - 1, in_features, f"in_features of {name}")
+    if bias is not None:
+        check_ndim("bias", bias, 1, "[out_features]")
+        check_dim("bias", bias, 0, out_features, f"out_features of {name}")
+    check_same_device(("x", name), (x, stored))

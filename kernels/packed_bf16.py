@@ -149,11 +149,5 @@ def linear_packed_bf16(x: torch.Tensor, packed: torch.Tensor, bias: Optional[tor
     if x.dtype != torch.bfloat16:
         raise checks.KernelArgumentError(f"x must be bfloat16 (the packed weights' dtype), got {x.dtype}")
     check_packed(packed)
-    if x.ndim == 0:
-        raise checks.KernelArgumentError("x must have at least one dimension [..., in_features], got a scalar")
-    checks.check_dim("x", x, x.ndim - 1, in_features(packed), "in_features of packed")
-    if bias is not None:
-        checks.check_ndim("bias", bias, 1, "[out_features]")
-        checks.check_dim("bias", bias, 0, out_features(packed), "out_features of packed")
-    checks.check_same_device(("x", "packed"), (x, packed))
+    checks.check_stored_product(x, bias, "packed", packed, in_features(packed), out_features(packed))
     return torch.ops.graphrt.linear_packed_bf16(x, packed, bias)

@@ -206,11 +206,5 @@ def linear_tiles(x: torch.Tensor, tiles: torch.Tensor, bias: Optional[torch.Tens
     if x.dtype not in (torch.float32, torch.bfloat16):
         raise checks.KernelArgumentError(f"x must be float32 or bfloat16, got {x.dtype}")
     check_tiles(tiles)
-    if x.ndim == 0:
-        raise checks.KernelArgumentError("x must have at least one dimension [..., in_features], got a scalar")
-    checks.check_dim("x", x, x.ndim - 1, in_features(tiles), "in_features of tiles")
-    if bias is not None:
-        checks.check_ndim("bias", bias, 1, "[out_features]")
-        checks.check_dim("bias", bias, 0, out_features(tiles), "out_features of tiles")
-    checks.check_same_device(("x", "tiles"), (x, tiles))
+    checks.check_stored_product(x, bias, "tiles", tiles, in_features(tiles), out_features(tiles))
     return torch.ops.graphrt.linear_tiles(x, tiles, bias)

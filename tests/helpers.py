@@ -1,6 +1,18 @@
 """Small shared helpers for the test suite."""
 
 import graphrt
+from graphrt.runner.graph_cache import CaptureSizes
+
+# an engine whose step graphs are rewritten by the passes and replayed as Python (no Inductor
+# compile): one decode graph of 4 rows, one mixed graph of 32 tokens
+EAGER_GRAPHS = dict(
+    compile=True,
+    backend="eager",
+    max_num_seqs=4,
+    max_num_batched_tokens=32,
+    capture_sizes=CaptureSizes(decode=(4,), mixed=(32,)),
+    max_model_len=64,
+)
 
 
 def make_llm(model, **kwargs):

@@ -14,20 +14,11 @@ from torch import nn
 
 from graphrt import SamplingParams
 from graphrt.models.packed import PackedEmbedding, PackedLinear, use_packed_bf16
-from graphrt.runner.graph_cache import CaptureSizes
-from tests.helpers import make_llm
+from tests.helpers import EAGER_GRAPHS, make_llm
 from tests.models.test_quantized_models import prompt_logprob_values
 from tests.oracle import random_prompts
 
-COMMON = dict(
-    dtype="bfloat16",
-    compile=True,
-    backend="eager",  # graphs rewritten by the passes, replayed as Python: no Inductor compile
-    max_num_seqs=4,
-    max_num_batched_tokens=32,
-    capture_sizes=CaptureSizes(decode=(4,), mixed=(32,)),
-    max_model_len=64,
-)
+COMMON = dict(EAGER_GRAPHS, dtype="bfloat16")
 PARAMS = SamplingParams(max_tokens=8, temperature=0, prompt_logprobs=0, ignore_eos=True)
 
 

@@ -18,7 +18,7 @@ from graphrt.loader.quantization import QuantizedTensor
 from graphrt.loader.weights_cache import WeightsCache
 from graphrt.models.quantized import QuantizedEmbedding, QuantizedLinear, dense_weight
 from graphrt.runner.graph_cache import CaptureSizes
-from tests.helpers import make_llm
+from tests.helpers import EAGER_GRAPHS, make_llm
 from tests.oracle import random_prompts
 
 PROMPTS = [
@@ -52,14 +52,7 @@ def test_smollm2_gguf_runs_quantized_like_its_dequantised_self():
     own dequantiser). Both hold the same weights up to one rounding (the kernel fuses q*scale + min),
     so the logits differ by the order of fp32 sums alone: through 30 layers that stays far below
     1e-3 in log-probability, while a wrong nibble, scale or row order moves them by whole units."""
-    common = dict(
-        compile=True,
-        backend="eager",  # graphs rewritten by the passes, replayed as Python: no Inductor compile
-        max_num_seqs=4,
-        max_num_batched_tokens=32,
-        capture_sizes=CaptureSizes(decode=(4,), mixed=(32,)),
-        max_model_len=64,
-    )
+    common = EAGER_GRAPHS
     params = SamplingParams(max_tokens=16, temperature=0, prompt_logprobs=1)
     quantized = make_llm(None, **common)
     model = quantized.engine.loaded.model

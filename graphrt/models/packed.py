@@ -64,6 +64,10 @@ def use_packed_bf16(model: nn.Module) -> int:
                 swaps.append((parent, name, PackedLinear))
             elif type(child) is nn.Embedding and packed_bf16.packable(child.weight):
                 swaps.append((parent, name, PackedEmbedding))
+    packed: dict[int, nn.Module] = {}  # a module held by two parents is packed once, for both
     for parent, name, kind in swaps:  # one at a time: each row-major matrix goes as its copy comes
-        setattr(parent, name, kind(getattr(parent, name)))
+        child = getattr(parent, name)
+        if id(child) not in packed:
+            packed[id(child)] = kind(child)
+        setattr(parent, name, packed[id(child)])
     return sum(isinstance(m, (PackedLinear, PackedEmbedding)) for m in model.modules())

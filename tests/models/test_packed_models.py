@@ -70,6 +70,9 @@ def test_only_bf16_matrices_of_whole_blocks_are_packed():
     assert use_packed_bf16(model) == 2
     assert [type(m).__name__ for m in model] == ["PackedLinear", "Linear", "Linear", "PackedEmbedding"]
     assert use_packed_bf16(model) == 2  # already packed: nothing packed twice
+    shared = nn.Linear(64, 64).bfloat16()
+    twice = nn.ModuleDict({"a": nn.Sequential(shared), "b": nn.Sequential(shared)})
+    assert use_packed_bf16(twice) == 1 and twice["a"][0] is twice["b"][0]  # one copy for both
     kept = nn.Sequential(nn.Linear(64, 64).bfloat16())
     kept[0].packable = False  # a matrix the model reads whole
     assert use_packed_bf16(kept) == 0 and type(kept[0]) is nn.Linear

@@ -31,16 +31,17 @@ def _caches(layers: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _settle(warmer: KVPageWarmer, timeout: float = 30.0) -> int:
-    """The warmer's frontier once it has stopped moving (waiting, or done)."""
+    """The warmer's frontier once it has reached its target (or ended) and stays there. A round
+    faults one huge page of every cache, 5-57 ms each on a VM, so a pause between rounds is no
+    sign of rest: the first version (still for 50 ms) failed once on a loaded machine."""
     deadline = time.monotonic() + timeout
-    last = -1
     while time.monotonic() < deadline:
-        if warmer.warmed == last and (not warmer.running or not warmer._wake.is_set()):
-            time.sleep(0.05)
+        if not warmer.running or warmer.warmed >= warmer._target():
+            last = warmer.warmed
+            time.sleep(0.2)  # a round past the target would start here
             if warmer.warmed == last:
                 return last
-        last = warmer.warmed
-        time.sleep(0.05)
+        time.sleep(0.02)
     raise AssertionError(f"the warmer kept moving: {warmer.warmed} blocks")
 
 

@@ -22,15 +22,22 @@ from torch import nn
 from graphrt.kernels import packed_bf16
 
 
-class PackedLinear(nn.Module):
-    def __init__(self, linear: nn.Linear) -> None:
+class _Packed(nn.Module):
+    """What both modules share: the packed matrix, and its row-major spelling for a graph."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("packed", packed_bf16.to_packed(linear.weight))
-        self.bias = linear.bias
+        self.register_buffer("packed", packed_bf16.to_packed(weight))
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.ops.graphrt.unpack_bf16(self.packed)
+
+
+class PackedLinear(_Packed):
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear.weight)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.compiler.is_compiling():  # eager: the product itself, not a whole matrix per call
@@ -38,14 +45,10 @@ class PackedLinear(nn.Module):
         return nn.functional.linear(x, self.dense_weight(x.dtype), self.bias)
 
 
-class PackedEmbedding(nn.Module):
+class PackedEmbedding(_Packed):
     def __init__(self, embedding: nn.Embedding) -> None:
-        super().__init__()
+        super().__init__(embedding.weight)
         self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
-        self.register_buffer("packed", packed_bf16.to_packed(embedding.weight))
-
-    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
-        return torch.ops.graphrt.unpack_bf16(self.packed)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return packed_bf16.rows(self.packed, ids)
@@ -70,4 +73,4 @@ def use_packed_bf16(model: nn.Module) -> int:
         if id(child) not in packed:
             packed[id(child)] = kind(child)
         setattr(parent, name, packed[id(child)])
-    return sum(isinstance(m, (PackedLinear, PackedEmbedding)) for m in model.modules())
+    return sum(isinstance(m, _Packed) for m in model.modules())

@@ -33,6 +33,13 @@ static inline __m512i lane_times(int64_t M) {
                             _mm512_set1_epi32(int(M)));
 }
 
+// GCC 12 may treat ldtilecfg as not reading the stores that fill cfg and drop the constant ones
+// (a stand-alone build of configure_tiles lost tiles 2 and 3, and the first tile load then faulted)
+static inline void load_tile_config(const TileConfig& cfg) {
+  __asm__ volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
 static inline void configure_tiles(int64_t M) {
   TileConfig cfg;
   for (int t : {0, 1, 4}) {
@@ -43,10 +50,7 @@ static inline void configure_tiles(int64_t M) {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
-  // GCC 12 may treat ldtilecfg as not reading the stores above and drop the constant ones (a
-  // stand-alone build of this function lost tiles 2 and 3, and the first tile load then faulted)
-  __asm__ volatile("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
+  load_tile_config(cfg);
 }
 
 // x [M, K] bf16 → pairs [K/2][M] (32-bit: x[m, 2p], x[m, 2p + 1]).
@@ -122,8 +126,7 @@ static inline void configure_packed_tiles(int64_t rows) {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
-  __asm__ volatile("" : : "r"(&cfg) : "memory");  // see configure_tiles
-  _tile_loadconfig(&cfg);
+  load_tile_config(cfg);
 }
 
 // 16 fp32 → bf16, rounded to nearest even as round_bf16 (ops.h) does, NaN kept quiet.

@@ -26,16 +26,20 @@ def on_threads(n: int, fn):
         torch.set_num_threads(before)
 
 
-def test_attention_splits_rows_for_two_threads_and_merges_them_as_the_reference():
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_attention_splits_rows_for_two_threads_and_merges_them_as_the_reference(dtype, tol):
     # 300, 75 and 40 keys: five chunks of at most 128, not a multiple of two threads, so the rows
-    # of 64 keys or more split further (300 into six items, 75 into two)
-    b = make_batch([(300, 1), (75, 1), (40, 3)], 16, 9, 3, 64)
+    # of 64 keys or more split further (300 into six items, 75 into two). Of the eleven items each
+    # thread takes five or six: the first token's six are on both threads (merged after the join),
+    # the other four tokens' on the second alone (merged on that thread)
+    b = make_batch([(300, 1), (75, 1), (40, 3)], 16, 9, 3, 64, dtype=dtype)
     args = (b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, 0.125)
     two = on_threads(2, lambda: kernels.paged_attention(*args))
     want = reference.paged_attention(
         b.q, None, None, b.k_cache, b.v_cache, None, b.block_tables, b.seq_lens, b.query_start_loc, 0.125
     )
-    torch.testing.assert_close(two, want, atol=1e-5, rtol=1e-5)
+    assert two.dtype == dtype
+    torch.testing.assert_close(two.float(), want.float(), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

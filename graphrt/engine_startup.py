@@ -19,7 +19,7 @@ from graphrt.compiler.graph_builder import GraphBuilder, PendingGraph, model_key
 from graphrt.core.block_manager import BlockManager
 from graphrt.core.scheduler import Scheduler, SchedulerConfig
 from graphrt.grammar import GrammarCompiler
-from graphrt.kernels import NATIVE_ISA, packed_bf16, quant_tiles
+from graphrt.kernels import NATIVE_ISA, NATIVE_PACKS_BF16, packed_bf16, quant_tiles
 from graphrt.loader import LoadedModel, load_model, resolve_dtype
 from graphrt.lora.manager import LoRAManager
 from graphrt.lora.slots import AdapterSlots
@@ -112,7 +112,7 @@ class EngineStartup:
         self.loaded: LoadedModel = load_model(self.config.model, self.dtype, self.config.quantization)
         if self.config.backend != "torchair" and quant_tiles.wanted(NATIVE_ISA):
             use_quant_tiles(self.loaded.model)  # quantized matrices as this CPU's products read them best
-        if self.config.compile and self.config.backend != "torchair" and packed_bf16.wanted(NATIVE_ISA):
+        if self.config.compile and self.config.backend != "torchair" and packed_bf16.wanted(NATIVE_PACKS_BF16):
             use_packed_bf16(self.loaded.model)  # bf16 ones too (eager mode reads them row-major, as aten does)
         if self.config.huge_pages:  # a decode step streams them all: 2 MiB pages, not 4 KiB
             move_to_huge_pages(self.loaded.model)

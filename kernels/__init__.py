@@ -10,6 +10,8 @@ the library loads. The wrappers below check their arguments; graph passes call
 ``torch.ops.graphrt.*`` directly. Kernels import nothing else from graphrt.
 """
 
+import torch as _torch
+
 from graphrt.kernels.attention import paged_attention
 from graphrt.kernels.bitmask import apply_token_bitmask
 from graphrt.kernels.cache import reshape_and_cache, slot_mapping
@@ -26,6 +28,9 @@ from graphrt.kernels.rotary import rotary_embedding
 from graphrt.kernels.sampling import draft_sample, rejection_sample, sample
 
 NATIVE_ISA = _load_native()  # the instruction set of the native CPU kernels; None: the torch bodies
+# whether they multiply bf16 matrices packed for the tiles (packed_bf16.py): AMX tiles, or
+# AVX512-BF16's dot product over the same layout
+NATIVE_PACKS_BF16 = NATIVE_ISA is not None and bool(_torch.ops.graphrt_native.packs_bf16())
 
 OPS = (
     "linear",
@@ -53,6 +58,7 @@ __all__ = [
     "OPS",
     "KernelArgumentError",
     "NATIVE_ISA",
+    "NATIVE_PACKS_BF16",
     "apply_token_bitmask",
     "dequantize",
     "dequantize_tiles",

@@ -16,6 +16,13 @@ kernels --rows 1,8 --dtypes bfloat16`): 8 activation rows at 83% of the read ban
 product ran 0.96-1.8x aten's GEMM on the row-major matrix (docs/performance.md, "Packed bf16
 weights for AMX tiles").
 
+The same layout serves AVX512-BF16's dot product on a CPU without tiles (an AMD EPYC): one
+64-byte vector of a k-step is 16 weight rows' pairs of one k-pair, so ``vdpbf16ps`` against an
+activation pair broadcast to every lane adds into 16 outputs' own lanes, with no sum across lanes
+at the end (``native/dot_packed_gemm.h``). SmolLM2's projection shapes, cold, two threads, 8 rows:
+about twice the row-major kernel's speed; prefill rows ahead of aten's GEMM too (docs/performance.md,
+"Packed bf16 weights on AVX512-BF16").
+
 Ops:
 
 - ``graphrt::unpack_bf16(packed)``: the row-major matrix ``[N, K]``; a model spells a projection
@@ -23,8 +30,9 @@ Ops:
   ``use_skinny_gemm`` is disabled.
 - ``graphrt::linear_packed_bf16(x, packed, bias)``: ``x · Wᵀ (+ bias)`` over the packed blocks,
   bf16 activations, fp32 accumulation, bf16 out; ``passes/use_skinny_gemm.py`` rewrites the
-  spelling above into it in every graph, prefill included. Where the CPU has no AMX tiles it
-  multiplies the matrix put back (correct, slower; such a CPU does not pack: ``wanted()``).
+  spelling above into it in every graph, prefill included. Where the CPU has neither AMX tiles
+  nor AVX512-BF16 it multiplies the matrix put back (correct, slower; such a CPU does not pack:
+  ``wanted()``).
 
 Both dimensions must be multiples of 32 (every projection and embedding table of the models
 graphrt runs; a matrix that is not stays row-major). An embedding lookup gathers its rows back
@@ -48,14 +56,15 @@ _lib.define("unpack_bf16(Tensor packed) -> Tensor")
 _lib.define("linear_packed_bf16(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
 
 
-def wanted(isa: Optional[str]) -> bool:
+def wanted(native_product: bool) -> bool:
     """Whether bf16 projections (and embedding tables) are packed on this CPU: where the native
-    kernels run AMX tiles (``isa`` "amx"). ``GRAPHRT_PACKED_BF16=0`` or ``1`` overrides the choice
-    (``1`` on a CPU without tiles: the packed ops' row-major fallback, for tests)."""
+    library multiplies the packed blocks (``native_product``, ``graphrt.kernels.NATIVE_PACKS_BF16``:
+    AMX tiles, or AVX512-BF16's dot product). ``GRAPHRT_PACKED_BF16=0`` or ``1`` overrides the
+    choice (``1`` on a CPU without either: the packed ops' row-major fallback, for tests)."""
     forced = os.environ.get("GRAPHRT_PACKED_BF16")
     if forced in ("0", "1"):
         return forced == "1"
-    return isa == "amx"
+    return native_product
 
 
 def packable(weight: torch.Tensor) -> bool:

@@ -25,7 +25,7 @@ def cpu_model(path: str = "/proc/cpuinfo") -> str:
 
 
 def machine_facts(dtype: str) -> dict:
-    from graphrt.kernels import NATIVE_ISA, packed_bf16, quant_tiles
+    from graphrt.kernels import NATIVE_ISA, NATIVE_PACKS_BF16, packed_bf16, quant_tiles
 
     return {
         "cpu": cpu_model(),
@@ -36,7 +36,7 @@ def machine_facts(dtype: str) -> dict:
         "dtype": dtype,
         "native_isa": NATIVE_ISA,
         "quantized_layout": "tiles" if quant_tiles.wanted(NATIVE_ISA) else "plain",
-        "bf16_layout": "packed" if packed_bf16.wanted(NATIVE_ISA) else "row-major",
+        "bf16_layout": "packed" if packed_bf16.wanted(NATIVE_PACKS_BF16) else "row-major",
     }
 
 

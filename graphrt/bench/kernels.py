@@ -142,7 +142,7 @@ def bench_kernels(
     from graphrt.kernels import packed_bf16, quant_tiles
 
     layout = "tiles" if quant_tiles.wanted(kernels.NATIVE_ISA) else "the plain layouts"
-    packs = packed_bf16.wanted(kernels.NATIVE_ISA)
+    packs = packed_bf16.wanted(kernels.NATIVE_PACKS_BF16)
     bf16_layout = "packed" if packs else "row-major"
     print(
         f"native kernels: {kernels.NATIVE_ISA or 'off'}; quantized matrices as {layout}; bf16 ones {bf16_layout} "

@@ -11,6 +11,8 @@
 // C is 16 weight rows x M fp32, stored and transposed into y. Two weight-row blocks share each B
 // load. Rows that do not fill a block of 32 go to the vector kernel; K must be a multiple of 32.
 
+#include "packed_store.h"
+
 constexpr int kAmxRows = graphrt_native::kAmxBlock;  // weight rows a step: two A tiles, two C tiles
 static_assert(kAmxRows == 32, "two tiles of 16 weight rows a step");
 // Prefetch distance in k-steps of 32: 8 measured best of 2, 4, 8, 16 and a row block ahead
@@ -129,35 +131,14 @@ static inline void configure_packed_tiles(int64_t rows) {
   load_tile_config(cfg);
 }
 
-// 16 fp32 → bf16, rounded to nearest even as round_bf16 (ops.h) does, NaN kept quiet.
-static inline __m256i round_to_bf16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  const __mmask16 nan =
-      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-  return _mm512_cvtepi32_epi16(r);
-}
-
-// One C block [rows][32] of columns n.. n + 31 → out's rows m0.. (bias added, rounded to bf16),
-// with streaming stores where out's rows are 64-byte aligned: the lines are whole, and an ordinary
-// store's read of each line took the line-fill buffers the weights' stream needs (SmolLM2's LM
-// head, 8 rows: 32.0-33.2 against 28.7-29.2 GB/s).
+// One C block [rows][32] of columns n.. n + 31 → out's rows m0.. (packed_store.h).
 static inline void store_packed_block(const float* c, const float* bias, uint16_t* out, int64_t rows, int64_t N,
                                       int64_t m0, int64_t n, bool aligned) {
   const __m512 b0 = bias != nullptr ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
   const __m512 b1 = bias != nullptr ? _mm512_loadu_ps(bias + n + 16) : _mm512_setzero_ps();
-  for (int64_t m = 0; m < rows; ++m) {
-    const __m256i lo = round_to_bf16(_mm512_add_ps(_mm512_load_ps(c + m * kAmxRows), b0));
-    const __m256i hi = round_to_bf16(_mm512_add_ps(_mm512_load_ps(c + m * kAmxRows + 16), b1));
-    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    uint16_t* to = out + (m0 + m) * N + n;
-    if (aligned)
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(to), both);
-    else
-      _mm512_storeu_si512(to, both);
-  }
+  for (int64_t m = 0; m < rows; ++m)
+    store_packed_row(_mm512_load_ps(c + m * kAmxRows), _mm512_load_ps(c + m * kAmxRows + 16), b0, b1,
+                     out + (m0 + m) * N + n, aligned);
 }
 
 // out [M, N] bf16 over output columns [n0, n1) (multiples of 32); x bf16 [M, K], any M (16 rows

@@ -131,6 +131,12 @@ static void gemm_bf16_dot(const uint16_t* x, const void* w, float* y, int64_t M,
                           int64_t n1) {
   skinny_gemm<DotPolicy>(x, static_cast<const uint16_t*>(w), y, M, N, K, n0, n1);
 }
+#include "packed_store.h"
+#include "dot_packed_gemm.h"
+static void gemm_bf16_packed(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* out, int64_t M,
+                             int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  dot_packed_rows(x, w, bias, out, M, N, K, n0, n1);
+}
 }  // namespace avx512bf16
 #pragma GCC pop_options
 
@@ -313,6 +319,7 @@ static IsaKernels choose() {
       if (__builtin_cpu_supports("avx512bf16")) {
         k.gemm_bf16_dot = avx512bf16::gemm_bf16_dot;
         k.attend_bf16 = avx512bf16::attend_bf16;
+        k.gemm_bf16_packed = avx512bf16::gemm_bf16_packed;
       }
       if (std::strcmp(isa, "vnni") == 0) {
         k.vnni_pack = vnni::vnni_pack;

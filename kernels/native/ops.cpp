@@ -220,6 +220,8 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
 
 std::string isa_name() { return isa_kernels().name; }
 
+bool packs_bf16() { return isa_kernels().gemm_bf16_packed != nullptr; }
+
 }  // namespace graphrt_native
 
 TORCH_LIBRARY_IMPL(graphrt, CPU, m) {
@@ -228,4 +230,8 @@ TORCH_LIBRARY_IMPL(graphrt, CPU, m) {
   m.impl("linear_quantized", &graphrt_native::linear_quantized);
   }
 
-TORCH_LIBRARY_FRAGMENT(graphrt_native, m) { m.def("isa() -> str", &graphrt_native::isa_name); }
+TORCH_LIBRARY_FRAGMENT(graphrt_native, m) {
+  m.def("isa() -> str", &graphrt_native::isa_name);
+  // whether linear_packed_bf16 has a product over the packed blocks here (AMX tiles, or AVX512-BF16)
+  m.def("packs_bf16() -> bool", &graphrt_native::packs_bf16);
+}

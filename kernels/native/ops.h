@@ -29,6 +29,7 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
                            const at::Tensor& block_tables, const at::Tensor& seq_lens,
                            const at::Tensor& query_start_loc, double scale);
 std::string isa_name();
+bool packs_bf16();
 
 // ops.cpp's helpers the other op files share: a thread's scratch floats, kept between calls (the
 // contents are whatever the thread's last call left), and `t` as a contiguous tensor of `dtype`

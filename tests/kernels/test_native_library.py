@@ -54,8 +54,10 @@ CHECK = textwrap.dedent("""
                 errs[f"tiles{bits} {dtype} {m}x{n}x{k}"] = ((got - want).abs().max() / want.abs().max()).item()
                 got = kernels.dequantize_tiles(tiles).double()
                 errs[f"dequantize tiles{bits} {n}x{k}"] = (got - dequantize_torch(*q, torch.float64)).abs().max().item()
-        if dtype == torch.bfloat16:  # packed bf16 (AMX tiles, any rows; elsewhere the row-major product)
-            for m, n, k in [(1, 32, 64), (8, 96, 576), (16, 64, 96), (17, 32, 32), (40, 64, 1536)]:
+        if dtype == torch.bfloat16:  # packed bf16 (AMX tiles or the bf16 dot product, any rows; elsewhere
+            # the row-major product), every row count of a pass of up to 8 and a pass's remainder
+            for m, n, k in [(1, 32, 64), (2, 32, 576), (3, 64, 96), (5, 32, 64), (8, 96, 576), (9, 32, 576),
+                            (16, 64, 96), (17, 32, 32), (40, 64, 1536)]:
                 x, w, b = (torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype),
                            torch.randn(n, generator=g).to(dtype))
                 want = x.double() @ w.double().T + b.double()
@@ -88,7 +90,7 @@ CHECK = textwrap.dedent("""
     got = kernels.slot_mapping(b.positions, b.token_req, b.block_tables, 16)
     want = reference.slot_mapping(b.positions, b.token_req, b.block_tables, 16)
     errs["slot_mapping float32"] = float((got != want).sum())
-    print(json.dumps({"isa": kernels.NATIVE_ISA, "errs": errs}))
+    print(json.dumps({"isa": kernels.NATIVE_ISA, "packs": kernels.NATIVE_PACKS_BF16, "errs": errs}))
 """)
 
 
@@ -133,6 +135,9 @@ def test_each_path_matches_the_reference(env, isa):
         assert result["isa"] in ("avx2", "portable")
     else:
         assert result["isa"] == isa
+    # bf16 matrices are multiplied packed on AMX tiles, or on the bf16 dot product where the set has it
+    dot = result["isa"] in ("vnni", "avx512") and _cpu_has("avx512_bf16")
+    assert result["packs"] == (result["isa"] == "amx" or dot)
     for name, err in result["errs"].items():
         tol = 1e-5 if "float32" in name or name.startswith("dequantize") else 3e-2
         quantized = re.match(r"int([48]) torch.float32 (\d+)x", name)

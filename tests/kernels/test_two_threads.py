@@ -1,7 +1,7 @@
 """The native ops whose work is shared out by the thread count, on two threads, whatever count the
 suite runs with (each pytest-xdist worker gets its share of the cores: tests/conftest.py):
 attention's work items (a row's chunks split further for the threads), the products' and the
-quantized tiles' per-thread activation packs, the greedy sampler's slices. The products compute
+quantized tiles' per-thread activation packs, the packed bf16 products' blocks, the greedy sampler's slices. The products compute
 each output on one thread, so one and two threads give the same bits; attention and sampling
 against their references."""
 
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from graphrt import kernels
 from graphrt.kernels import reference
+from graphrt.kernels.packed_bf16 import to_packed
 from graphrt.kernels.quant_tiles import to_tiles
 from graphrt.kernels.quantized import quantize_int4, quantize_int8
 from tests.kernels.paged_batch import make_batch
@@ -50,6 +51,18 @@ def test_products_give_the_same_bits_on_one_and_two_threads(dtype, m):
     w = torch.randn(1031, 576, generator=g).to(dtype)  # 32 full AMX blocks and 7 rows past them
     one = on_threads(1, lambda: kernels.linear(x, w))
     two = on_threads(2, lambda: kernels.linear(x, w))
+    assert torch.equal(one, two)
+    torch.testing.assert_close(two.float(), F.linear(x.float(), w.float()), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("m", [1, 8, 11])
+def test_packed_bf16_products_give_the_same_bits_on_one_and_two_threads(m):
+    # 33 blocks of 32 columns: not a multiple of two threads; 11 rows: a pass of 8 and one of 3
+    g = torch.Generator().manual_seed(m)
+    x, w = torch.randn(m, 576, generator=g).bfloat16(), torch.randn(1056, 576, generator=g).bfloat16()
+    packed = to_packed(w)
+    one = on_threads(1, lambda: kernels.linear_packed_bf16(x, packed))
+    two = on_threads(2, lambda: kernels.linear_packed_bf16(x, packed))
     assert torch.equal(one, two)
     torch.testing.assert_close(two.float(), F.linear(x.float(), w.float()), atol=2e-2, rtol=2e-2)
 

@@ -1,0 +1,84 @@
+// The product over bf16 weights packed for the tiles (kernels/packed_bf16.py) on AVX512-BF16's dot
+// product, for CPUs without AMX (included by isa_kernels.cpp in the avx512bf16 namespace).
+//
+//   out[m, n] = bf16(sum_k x[m, k] * w[n, k] + bias[n])     x: bf16 [M, K]; out: bf16 [M, N]
+//
+// Packed, k-step s of the block of output columns n.. n + 31 is 2 KiB: for each half h and pair
+// p, one vector whose lane c holds w[n + 16 h + c, 32 s + 2 p], w[n + 16 h + c, 32 s + 2 p + 1].
+// vdpbf16ps of that vector and the pair x[m, 32 s + 2 p .. + 1] broadcast to every lane adds both
+// products into the 16 columns' own lanes, so a block's sums end in the output's order, with no
+// sum across lanes: the row-major kernel (skinny_gemm.h) ends each output with one, a reduction
+// for every 18 dot products at SmolLM2's width, which at eight rows made its arithmetic as long as
+// the memory's time. Up to kDotPackedRows activation rows at a time: 16 accumulators, two weight
+// vectors and a broadcast pair in registers; more rows take further passes over the block, which
+// the first pass left in cache. A block is one stream read front to back.
+
+constexpr int kDotPackedRows = 8;
+
+// acc + the pairwise products of w and the pair at `pair` in every lane: one instruction, the pair
+// an embedded broadcast from memory. (Spelled with intrinsics, GCC broadcast each pair once for
+// both halves of a block and kept the 128 broadcasts of a k-step on the stack.)
+static inline __m512 dot_broadcast(__m512 acc, __m512bh w, const uint32_t* pair) {
+  __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*pair));
+  return acc;
+}
+
+template <int MB>
+static inline void dot_packed_tile(const uint16_t* x, const uint16_t* block, const float* bias, uint16_t* out,
+                                   int64_t N, int64_t K, int64_t m0, int64_t n,
+                                   bool aligned) {
+  constexpr int C = MB < 4 ? 2 : 1;
+  __m512 acc[C][MB][2];
+#pragma GCC unroll 2
+  for (int c = 0; c < C; ++c)
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i) acc[c][i][0] = acc[c][i][1] = _mm512_setzero_ps();
+  const int64_t P = K / 2;  // activation pairs a row
+  const uint32_t* xr[MB];
+#pragma GCC unroll 8
+  for (int i = 0; i < MB; ++i) xr[i] = reinterpret_cast<const uint32_t*>(x) + (m0 + i) * P;
+  for (int64_t s = 0; s < K / 32; ++s) {
+    const uint16_t* step = block + s * 1024;
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 16
+      for (int p = 0; p < 16; ++p) {
+        const __m512bh w = (__m512bh)_mm512_loadu_si512(step + h * 512 + p * 32);
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i) acc[p % C][i][h] = dot_broadcast(acc[p % C][i][h], w, xr[i] + s * 16 + p);
+      }
+    }
+  }
+  const __m512 b0 = bias != nullptr ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
+  const __m512 b1 = bias != nullptr ? _mm512_loadu_ps(bias + n + 16) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int i = 0; i < MB; ++i) {
+    __m512 lo = acc[0][i][0], hi = acc[0][i][1];
+    if constexpr (C == 2) lo = _mm512_add_ps(lo, acc[1][i][0]), hi = _mm512_add_ps(hi, acc[1][i][1]);
+    store_packed_row(lo, hi, b0, b1, out + (m0 + i) * N + n, aligned);
+  }
+}
+
+template <int MB>
+static inline void dot_packed_pass(const uint16_t* x, const uint16_t* block, const float* bias, uint16_t* out,
+                                   int64_t N, int64_t K, int64_t m0, int64_t n, bool aligned, int64_t rows) {
+  if constexpr (MB > 1) {
+    if (rows != MB)
+      return dot_packed_pass<MB - 1>(x, block, bias, out, N, K, m0, n, aligned, rows);
+  }
+  dot_packed_tile<MB>(x, block, bias, out, N, K, m0, n, aligned);
+}
+
+// out [M, N] bf16 over output columns [n0, n1) (multiples of 32); x bf16 [M, K], any M, K a
+// multiple of 32; bias fp32 [N] or null.
+static void dot_packed_rows(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* out, int64_t M,
+                            int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  const bool aligned = reinterpret_cast<uintptr_t>(out) % 64 == 0 && N % 32 == 0;
+  for (int64_t n = n0; n < n1; n += 32) {
+    const uint16_t* block = w + n * K;
+    for (int64_t m0 = 0; m0 < M; m0 += kDotPackedRows)
+      dot_packed_pass<kDotPackedRows>(x, block, bias, out, N, K, m0, n, aligned,
+                                      std::min<int64_t>(kDotPackedRows, M - m0));
+  }
+  _mm_sfence();  // the streaming stores, visible before the caller's threads join
+}

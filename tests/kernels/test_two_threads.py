@@ -1,9 +1,9 @@
 """The native ops whose work is shared out by the thread count, on two threads, whatever count the
 suite runs with (each pytest-xdist worker gets its share of the cores: tests/conftest.py):
 attention's work items (a row's chunks split further for the threads), the products' and the
-quantized tiles' per-thread activation packs, the packed bf16 products' blocks, the greedy sampler's slices. The products compute
-each output on one thread, so one and two threads give the same bits; attention and sampling
-against their references."""
+quantized tiles' per-thread activation packs, the packed bf16 products' blocks, the greedy
+sampler's slices. The products compute each output on one thread, so one and two threads give the
+same bits; attention and sampling against their references."""
 
 import pytest
 import torch

@@ -174,10 +174,10 @@ static inline void stream_prefetch(const void* p) {
     __builtin_prefetch(p, 0, 3);
 }
 
-// The pair that products of several activation rows use off AMD instead of a far prefetch into
-// L1 (which holds one of the core's few line-fill buffers for a whole memory latency, and capped
-// the stream once several rows lengthened the arithmetic): the far line into L2, and the line
-// kNearAheadBytes on into L1 (skinny_gemm.h, tile_quant_gemm.h).
+// The pair that products of several activation rows use instead of a far prefetch into L1
+// (which holds one of the core's few line-fill buffers for a whole memory latency, and capped the
+// stream once several rows lengthened the arithmetic): the far line into L2, and the line
+// kNearAheadBytes on into L1 (skinny_gemm.h on every CPU, tile_quant_gemm.h off AMD).
 constexpr int64_t kNearAheadBytes = 1024;
 static inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 static inline void prefetch_near(const void* p) { __builtin_prefetch(static_cast<const char*>(p) + kNearAheadBytes); }

@@ -25,17 +25,19 @@ struct FmaPolicy {
 // Weight rows kBlocksAhead blocks ahead are prefetched while a block streams (first pass
 // only; later passes over the block hit L1): hardware prefetchers alone leave the memory idle
 // between row blocks once several activation rows lengthen each block's arithmetic.
-// With two or more activation rows, off AMD, the pair prefetch_l2 / prefetch_near instead
-// (isa_kernels.h). Cold fp32 weights on an Intel Xeon, both threads: 8 rows 24.2 -> 29.3 GB/s on
-// the gate/up shape and 24.2 -> 25.8 on down, 4 rows 28.8 -> 31.4 and 25.9 -> 30.8, 2 rows
-// 34.3 -> 35.4 and 28.0 -> 32.9 (a plain read: 30-32). One row keeps the far prefetch into L1,
-// which measured 37.2 against 36.2 GB/s there.
+// With two or more activation rows, the pair prefetch_l2 / prefetch_near instead (isa_kernels.h).
+// Cold fp32 weights on an Intel Xeon, both threads: 8 rows 24.2 -> 29.3 GB/s on the gate/up shape
+// and 24.2 -> 25.8 on down, 4 rows 28.8 -> 31.4 and 25.9 -> 30.8, 2 rows 34.3 -> 35.4 and 28.0 ->
+// 32.9 (a plain read: 30-32). On an AMD EPYC of family 19h (a 32 KiB L1) the far prefetch into L1
+// also evicted the activation rows: 8 rows 13-17 -> 17-23 GB/s on SmolLM2's four layer shapes, 4
+// rows 13-20 -> 18-26, 2 rows 19-27 -> 25-29. One row keeps the far prefetch into L1, which
+// measured 37.2 against 36.2 GB/s on the Xeon.
 constexpr int kBlocksAhead = 4;
 
-// The far prefetch of one weight row's line, and (with two or more rows, off AMD) the near one.
+// The far prefetch of one weight row's line, and (with two or more rows) the near one.
 template <int MB>
 static inline void far_prefetch(const void* p) {
-  if (MB == 1 || graphrt_native::kAmdStreams)
+  if (MB == 1)
     __builtin_prefetch(p);
   else
     prefetch_l2(p);
@@ -43,7 +45,7 @@ static inline void far_prefetch(const void* p) {
 
 template <int MB>
 static inline void near_prefetch(const void* p) {
-  if (MB > 1 && !graphrt_native::kAmdStreams) prefetch_near(p);
+  if (MB > 1) prefetch_near(p);
 }
 
 // NB weight rows against MB activation rows held in registers (NB x MB accumulators); when

@@ -15,11 +15,14 @@ CompiledFn = Callable[..., tuple]
 
 # Inductor settings every CPU graph is built with (in process and in AOTInductor packages).
 # min_chunk_size: a C++ kernel runs on one thread unless each thread gets this many elements
-# (Inductor's default, 512, forks both threads for a batch-8 decode step's norms, rotary and
-# SiLU over 8 x 576..1536 values: microseconds of work against a fork and join each; 8192 keeps
-# them on one thread and leaves prefill's kernels parallel). A batch-8 int8 decode step, three
-# interleaved pairs: 563 / 529 / 502 against 525 / 513 / 497 tokens/s.
-INDUCTOR_OPTIONS = {"cpp.min_chunk_size": 8192}
+# (Inductor's default, 512, forks both threads for a batch-8 decode step's norms and rotary over
+# 8 x 576 values: microseconds of work against a fork and join each; 4096 keeps them on one
+# thread and leaves prefill's kernels parallel). A batch-8 int8 decode step, 8192 against 512,
+# three interleaved pairs on an Intel Xeon: 563 / 529 / 502 against 525 / 513 / 497 tokens/s.
+# 4096 against 8192 splits the SiLU over 8 x 1536 values, the one kernel between them (18 us a
+# layer on one thread, its exp and division): a batch-8 bf16 step on an AMD EPYC 10.60-11.86
+# against 11.14-12.02 ms (two processes each, alternated), fp32 the same within 1%.
+INDUCTOR_OPTIONS = {"cpp.min_chunk_size": 4096}
 
 
 class InnerBackendError(RuntimeError):

@@ -237,7 +237,7 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
           if (next.blocks != blocks || next.l0 != it.l0) ahead = &next;
         }
         attend(qd + it.t * H * D, kd, vd, blocks, it.l0, it.l1, block_size, Hkv, D, G, fscale, scores, &m[i * H],
-               &sums[i * H], &acc[i * H * D], ahead);
+               &sums[i * H], &acc[i * H * D], ahead, /*cold=*/i == i0);
         // A token whose items are all this thread's is merged here, once its last is done. After
         // the join, on one thread while the other waited, the merge of eight decode rows took
         // 6.6-8.1 µs of a 67-73 µs call (a timing probe, not shipped); now 0.2-1.3 µs remain there.

@@ -40,16 +40,16 @@
   static void attend_f32(const float* q, const void* kc, const void* vc, const int64_t* blocks,   \
                          int64_t l0, int64_t l1, int64_t bs, int64_t hkv, int64_t D, int64_t G,   \
                          float scale, float* scores, float* m, float* sums, float* acc,           \
-                         const graphrt_native::KeyRange* next) {                                  \
+                         const graphrt_native::KeyRange* next, bool cold) {                       \
     attend_chunk(q, static_cast<const float*>(kc), static_cast<const float*>(vc), blocks, l0, l1, \
-                 bs, hkv, D, G, scale, scores, m, sums, acc, next);                               \
+                 bs, hkv, D, G, scale, scores, m, sums, acc, next, cold);                         \
   }                                                                                               \
   static void attend_bf16(const float* q, const void* kc, const void* vc, const int64_t* blocks,  \
                           int64_t l0, int64_t l1, int64_t bs, int64_t hkv, int64_t D, int64_t G,  \
                           float scale, float* scores, float* m, float* sums, float* acc,          \
-                          const graphrt_native::KeyRange* next) {                                 \
+                          const graphrt_native::KeyRange* next, bool cold) {                      \
     attend_chunk(q, static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), blocks,   \
-                 l0, l1, bs, hkv, D, G, scale, scores, m, sums, acc, next);                       \
+                 l0, l1, bs, hkv, D, G, scale, scores, m, sums, acc, next, cold);                 \
   }                                                                                               \
   static void qgemm(const float* x, const QuantRows& w, float* y, int64_t M, int64_t N,           \
                     int64_t n0, int64_t n1, float* scratch) {                                     \
@@ -123,9 +123,9 @@ struct DotPolicy {
 // us a call (most of a call is not its keys' arithmetic: fp32 caches, twice the bytes, 99 us)
 static void attend_bf16(const float* q, const void* kc, const void* vc, const int64_t* blocks, int64_t l0, int64_t l1,
                         int64_t bs, int64_t hkv, int64_t D, int64_t G, float scale, float* scores, float* m,
-                        float* sums, float* acc, const graphrt_native::KeyRange* next) {
+                        float* sums, float* acc, const graphrt_native::KeyRange* next, bool cold) {
   attend_chunk(q, static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), blocks, l0, l1, bs, hkv, D, G,
-               scale, scores, m, sums, acc, next);
+               scale, scores, m, sums, acc, next, cold);
 }
 static void gemm_bf16_dot(const uint16_t* x, const void* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
                           int64_t n1) {

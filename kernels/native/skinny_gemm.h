@@ -152,15 +152,32 @@ static void gemv(const typename P::X* x, const W* w, float* y, int64_t K, int64_
   }
 }
 
+// fp32 weights on AMD with 32 vector registers: three weight rows a wide tile (24 accumulators).
+// At eight rows the 2 x 8 tile loads an activation vector for every two multiply-adds, and an
+// AMD EPYC of family 19h, which loads one 64-byte vector a cycle, waited on its loads even with
+// the weights in L2 (28.5-29.1 GB/s on the o projection's shape, 31.2-31.5 on down's; 3 x 8:
+// 31.4-32.6 and 38.6-39.0). Cold, 30 layers of SmolLM2's four shapes: 25.2-28.0 against 25.2-25.5
+// GB/s, down 24.2-27.9 against 21.4-22.1; an engine at batch 8, alternated in one process:
+// 350.3-373.0 against 344.3-360.0 tok/s, four pairs of four (the log's "fp32 at eight rows: three
+// weight rows a tile"). An earlier Intel Xeon measured 3 x 8 as 2 x 8 cold: elsewhere it stays.
+#if GRT_VEC_BYTES == 64
+constexpr int kWideNbAmdF32 = 3;
+#else
+constexpr int kWideNbAmdF32 = GRT_WIDE_NB;
+#endif
+
 // Output columns [n_begin, n_end): one thread's share. One row: the single stream above on AMD,
 // weight rows in pairs elsewhere (kAmdStreams). Up to GRT_SMALL_MB rows: tiles of GRT_SMALL_NB
 // weight rows (one: a single front-to-back stream, which measured fastest for 2-4 rows); more rows: GRT_WIDE_NB weight rows x GRT_WIDE_MB activation
-// rows, so each weight vector, once in a register, serves that many rows.
+// rows, so each weight vector, once in a register, serves that many rows (kWideNbAmdF32 of them
+// for fp32 weights on AMD).
 template <typename P, typename W>
 static void skinny_gemm(const typename P::X* x, const W* w, float* y, int64_t M, int64_t N, int64_t K,
                         int64_t n_begin, int64_t n_end) {
   if (M == 1 && graphrt_native::kAmdStreams) return gemv<P, W>(x, w, y, K, n_begin, n_end);
   if (M == 1) return row_blocks<P, W, 2, 1>(x, w, y, M, N, K, n_begin, n_end);
   if (M <= GRT_SMALL_MB) return row_blocks<P, W, GRT_SMALL_NB, GRT_SMALL_MB>(x, w, y, M, N, K, n_begin, n_end);
+  if constexpr (std::is_same_v<P, FmaPolicy<float>>)
+    if (graphrt_native::kAmdStreams) return row_blocks<P, W, kWideNbAmdF32, GRT_WIDE_MB>(x, w, y, M, N, K, n_begin, n_end);
   row_blocks<P, W, GRT_WIDE_NB, GRT_WIDE_MB>(x, w, y, M, N, K, n_begin, n_end);
 }

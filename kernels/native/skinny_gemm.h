@@ -155,11 +155,11 @@ static void gemv(const typename P::X* x, const W* w, float* y, int64_t K, int64_
 // fp32 weights on AMD with 32 vector registers: three weight rows a wide tile (24 accumulators).
 // At eight rows the 2 x 8 tile loads ten vectors for 16 multiply-adds (3 x 8: 11 for 24), and on
 // an AMD EPYC of family 19h it ran at about half the FMA units' peak even with the weights in L2
-// (28.5-29.1 GB/s on the o projection's shape, 31.2-31.5 on down's; 3 x 8:
-// 31.4-32.6 and 38.6-39.0). Cold, 30 layers of SmolLM2's four shapes: 25.2-28.0 against 25.2-25.5
-// GB/s, down 24.2-27.9 against 21.4-22.1; an engine at batch 8, alternated in one process:
-// 350.3-373.0 against 344.3-360.0 tok/s, four pairs of four (the log's "fp32 at eight rows: three
-// weight rows a tile"). An earlier Intel Xeon measured 3 x 8 as 2 x 8 cold: elsewhere it stays.
+// (27.9-29.6 GB/s on the o projection's shape, 27.8-28.7 on down's; 3 x 8: 31.3 and 34.8-36.6).
+// Cold, down gained 15-18% and the other shapes moved within the noise; an engine at batch 8,
+// alternated in one process, either first: 342.5-377.4 against 338.8-366.5 tok/s, faster in nine
+// pairs of nine (the log's "fp32 at eight rows: three weight rows a tile"). An earlier Intel Xeon
+// measured 3 x 8 as 2 x 8 cold: elsewhere the tile stays.
 #if GRT_VEC_BYTES == 64
 constexpr int kWideNbAmdF32 = 3;
 #else

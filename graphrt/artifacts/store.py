@@ -134,19 +134,33 @@ class ArtifactStore:
         return tmp
 
     def publish(self, key: dict, tmp: str, extra: dict) -> tuple[str, dict]:
-        """Move a built artifact into place and file its entry, atomically under the lock."""
+        """Move a built artifact into place and file its entry, atomically under the lock.
+
+        Where another process published the same key first and its file is intact, that file
+        stays and this build is dropped: the other process may be loading it, and a package
+        replaced under its loader read as an empty file (two processes racing on an empty cache)."""
         eid = entry_id(key)
         rel = os.path.join("graphs", f"{eid}.pt2")
+        dest = os.path.join(self.root, rel)
         try:
             entry = {"key": key, "file": rel, "sha256": sha256_file(tmp), "size": os.path.getsize(tmp), **extra}
             with self._locked():
-                os.replace(tmp, os.path.join(self.root, rel))
                 manifest = self.read_manifest()
+                standing = manifest["entries"].get(eid)
+                if standing is not None and standing.get("key") == key and self._intact(dest, standing):
+                    return dest, standing
+                os.replace(tmp, dest)
                 manifest["entries"][eid] = entry
                 self._write_manifest(manifest)
         finally:
             self.discard(tmp)
-        return os.path.join(self.root, rel), entry
+        return dest, entry
+
+    @staticmethod
+    def _intact(path: str, entry: dict) -> bool:
+        return (
+            os.path.exists(path) and os.path.getsize(path) == entry.get("size") and sha256_file(path) == entry.get("sha256")
+        )
 
     @staticmethod
     def discard(tmp: str) -> None:

@@ -125,6 +125,34 @@ def test_two_processes_racing_on_an_empty_cache_both_succeed(tiny_model, tmp_pat
     assert third["how"] == ["loaded"] and third["tokens"] == first["tokens"]
 
 
+def test_a_second_publish_of_a_key_keeps_the_file_that_stands(tmp_path):
+    """Two processes that built the same key: the second's publish keeps the first's file (the
+    first may be loading it: replaced under its loader, a package read as an empty file) and
+    drops its own; a damaged standing file is replaced."""
+    store = ArtifactStore(str(tmp_path))
+    key = {"graph": "main-t2-r2", "model": "m"}
+
+    def built(data: bytes) -> str:
+        tmp = store.reserve(key)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        return tmp
+
+    path, first = store.publish(key, built(b"first build"), {})
+    inode = os.stat(path).st_ino
+    second_tmp = built(b"second build, other bytes")
+    again, entry = store.publish(key, second_tmp, {})
+    assert again == path and entry == first and os.stat(path).st_ino == inode
+    assert open(path, "rb").read() == b"first build" and not os.path.exists(second_tmp)
+    assert store.lookup(key) == (path, first)
+    with open(path, "wb") as f:  # damaged: the next publish replaces it
+        f.write(b"trunc")
+    path, third = store.publish(key, built(b"third build"), {})
+    assert open(path, "rb").read() == b"third build" and third["sha256"] == sha256_file(path)
+    assert store.lookup(key) == (path, third)
+    assert [n for n in os.listdir(tmp_path / "graphs") if n.startswith(".")] == []
+
+
 def test_cache_ls_and_clear(tiny_model, cold_cache, tmp_path, monkeypatch, capsys):
     from graphrt.cli import main
 

@@ -158,9 +158,9 @@ class ArtifactStore:
 
     @staticmethod
     def _intact(path: str, entry: dict) -> bool:
-        return (
-            os.path.exists(path) and os.path.getsize(path) == entry.get("size") and sha256_file(path) == entry.get("sha256")
-        )
+        if not os.path.exists(path) or os.path.getsize(path) != entry.get("size"):
+            return False
+        return sha256_file(path) == entry.get("sha256")
 
     @staticmethod
     def discard(tmp: str) -> None:

@@ -137,8 +137,9 @@ class ArtifactStore:
         """Move a built artifact into place and file its entry, atomically under the lock.
 
         Where another process published the same key first and its file is intact, that file
-        stays and this build is dropped: the other process may be loading it, and a package
-        replaced under its loader read as an empty file (two processes racing on an empty cache)."""
+        stays and this build is dropped: the other process may be loading it (two processes
+        racing on an empty cache once failed with the loader reading an empty file, most likely
+        the package replaced under it)."""
         eid = entry_id(key)
         rel = os.path.join("graphs", f"{eid}.pt2")
         dest = os.path.join(self.root, rel)

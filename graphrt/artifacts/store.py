@@ -99,7 +99,7 @@ class ArtifactStore:
         if not os.path.exists(path):
             self._problem(f"artifact {entry['file']} is missing")
             return None
-        if os.path.getsize(path) != entry["size"] or sha256_file(path) != entry["sha256"]:
+        if not self._matches(path, entry):
             self._problem(f"artifact {entry['file']} does not match its SHA-256 (truncated or tampered)")
             return None
         return path, entry
@@ -148,7 +148,8 @@ class ArtifactStore:
             with self._locked():
                 manifest = self.read_manifest()
                 standing = manifest["entries"].get(eid)
-                if standing is not None and standing.get("key") == key and self._intact(dest, standing):
+                intact = standing is not None and os.path.exists(dest) and self._matches(dest, standing)
+                if intact and standing.get("key") == key:
                     return dest, standing
                 os.replace(tmp, dest)
                 manifest["entries"][eid] = entry
@@ -158,10 +159,9 @@ class ArtifactStore:
         return dest, entry
 
     @staticmethod
-    def _intact(path: str, entry: dict) -> bool:
-        if not os.path.exists(path) or os.path.getsize(path) != entry.get("size"):
-            return False
-        return sha256_file(path) == entry.get("sha256")
+    def _matches(path: str, entry: dict) -> bool:
+        """Whether the file at ``path`` has the size and SHA-256 its entry filed."""
+        return os.path.getsize(path) == entry.get("size") and sha256_file(path) == entry.get("sha256")
 
     @staticmethod
     def discard(tmp: str) -> None:

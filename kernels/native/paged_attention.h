@@ -187,10 +187,11 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
     for (int64_t l = 0; l < n; l += kLanes) {
       const int64_t count = std::min<int64_t>(kLanes, n - l);
       if (g == 0) {
-        for (int64_t j = l + kPrefetchKeys; !read_first && j < std::min(n, l + kLanes + kPrefetchKeys); ++j) {
-          prefetch_bytes(k_cache + offset[j], slot_bytes);
-          prefetch_bytes<2>(v_cache + offset[j], slot_bytes);  // the V pass's slot, into L2
-        }
+        if (!read_first)  // the chunk's own slots, kPrefetchKeys ahead (an item read first has them)
+          for (int64_t j = l + kPrefetchKeys; j < std::min(n, l + kLanes + kPrefetchKeys); ++j) {
+            prefetch_bytes(k_cache + offset[j], slot_bytes);
+            prefetch_bytes<2>(v_cache + offset[j], slot_bytes);  // the V pass's slot, into L2
+          }
       } else {
         stream.step(count);
       }
@@ -238,7 +239,8 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
     const float* p = scores + g * G * n;
     for (int64_t j = 0; j < n; ++j) {
       stream.step();
-      if (g == 0 && !read_first && j + kPrefetchKeys < n) prefetch_bytes(v_cache + offset[j + kPrefetchKeys], slot_bytes);
+      if (g == 0 && !read_first && j + kPrefetchKeys < n)
+        prefetch_bytes(v_cache + offset[j + kPrefetchKeys], slot_bytes);
       const C* value = values + offset[j];
       vf vv[DV];
       for (int d = 0; d < DV; ++d) vv[d] = load(value + d * kLanes);

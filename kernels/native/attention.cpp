@@ -80,6 +80,24 @@ void merge_chunks(const int64_t* its, int64_t count, const float* m, const float
   }
 }
 
+// A work item: token t's keys [l0, l1).
+struct Item {
+  int64_t t, l0, l1;
+};
+
+// One call's bookkeeping, kept by its thread between calls (a call set up about fifteen vectors,
+// each a malloc and a free; after a decode step's weight streams those run with malloc's data
+// evicted). Every call sizes and fills what it reads; a long prefill's partial sums are let go.
+struct CallScratch {
+  std::vector<float> q_wide, m, sums, acc, row;
+  std::vector<int64_t> token_row, n_keys, most, pieces, split, first, its_of, last_item, fill;
+  std::vector<Item> items;
+  std::vector<char> merged;
+  void trim() {
+    if (acc.capacity() > (size_t(1) << 18)) *this = CallScratch();
+  }
+};
+
 }  // namespace
 
 // Cache slot of every token: block_tables[req, pos / block_size] * block_size + pos % block_size,
@@ -124,7 +142,9 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   const int64_t block_size = k_cache.size(1), Hkv = k_cache.size(2), G = H / Hkv;
   // q in fp32: a bf16 model's q widened here, and its output rounded below, rather than by two
   // dispatched copies a layer (2.4 µs each, 2% of a bf16 decode step)
-  std::vector<float> q_wide;
+  static thread_local CallScratch scratch;
+  CallScratch& s = scratch;
+  std::vector<float>& q_wide = s.q_wide;
   at::Tensor qf;
   if (bf16 && q.is_contiguous()) {
     const uint16_t* src = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
@@ -141,7 +161,9 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   const int64_t* qp = qsl.data_ptr<int64_t>();
   const int64_t* tp = tables.data_ptr<int64_t>();
   // Each token's row and number of visible keys (0: padding, or a row of no sequence).
-  std::vector<int64_t> token_row(T, -1), n_keys(T, 0);
+  std::vector<int64_t>&token_row = s.token_row, &n_keys = s.n_keys;
+  token_row.assign(T, -1);
+  n_keys.assign(T, 0);
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t t = std::max<int64_t>(0, qp[r]); t < std::min(T, qp[r + 1]); ++t) {
       const int64_t keys = lp[r] - (qp[r + 1] - t) + 1;
@@ -160,10 +182,9 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   // A row's keys split into equal chunks of at most kChunk keys (192 keys: two of 96, where 128
   // and 64 left a thread waiting); a step of few chunks, not a multiple of the threads, splits
   // each row's chunks further (one decode row of up to kChunk keys was one item, on one thread).
-  struct Item {
-    int64_t t, l0, l1;
-  };
-  std::vector<int64_t> most(R, 0), pieces(R, 0);
+  std::vector<int64_t>&most = s.most, &pieces = s.pieces;
+  most.assign(R, 0);
+  pieces.assign(R, 0);
   int64_t total = 0;
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t t = std::max<int64_t>(0, qp[r]); t < std::min(T, qp[r + 1]); ++t)
@@ -177,7 +198,8 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
     for (int64_t r = 0; r < R; ++r)
       if (most[r] >= times * pieces[r] * kMinChunk) pieces[r] *= times;
   }
-  std::vector<Item> items;
+  std::vector<Item>& items = s.items;
+  items.clear();
   for (int64_t r = 0; r < R; ++r) {
     const int64_t t0 = std::max<int64_t>(0, qp[r]), t1 = std::min(T, qp[r + 1]);
     for (int64_t p = 0; p < pieces[r]; ++p) {
@@ -188,19 +210,24 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   }
   // the threads' shares of the items, by count (as parallel_for splits a range)
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(threads, static_cast<int64_t>(items.size())));
-  std::vector<int64_t> split(parts + 1, 0);
+  std::vector<int64_t>& split = s.split;
+  split.resize(parts + 1);
   for (int64_t p = 0; p <= parts; ++p) split[p] = static_cast<int64_t>(items.size()) * p / parts;
   const int64_t I = static_cast<int64_t>(items.size());
   // each token's items in key order (the merge's order: the same sums as token by token), as
   // one index list: token t's are its_of[first[t] .. first[t + 1])
-  std::vector<int64_t> first(T + 1, 0), its_of(I), last_item(T, -1);
+  std::vector<int64_t>&first = s.first, &its_of = s.its_of, &last_item = s.last_item, &fill = s.fill;
+  first.assign(T + 1, 0);
+  its_of.resize(I);
+  last_item.assign(T, -1);
   for (const Item& it : items) ++first[it.t + 1];
   for (int64_t t = 0; t < T; ++t) first[t + 1] += first[t];
-  {
-    std::vector<int64_t> fill(first.begin(), first.end() - 1);
-    for (int64_t i = 0; i < I; ++i) its_of[fill[items[i].t]++] = i, last_item[items[i].t] = i;
-  }
-  std::vector<float> m(I * H), sums(I * H), acc(I * H * D);
+  fill.assign(first.begin(), first.end() - 1);
+  for (int64_t i = 0; i < I; ++i) its_of[fill[items[i].t]++] = i, last_item[items[i].t] = i;
+  std::vector<float>&m = s.m, &sums = s.sums, &acc = s.acc;
+  m.resize(I * H);
+  sums.resize(I * H);
+  acc.resize(I * H * D);
   const float* qd = qf.defined() ? qf.data_ptr<float>() : q_wide.data();
   const void* kd = k_cache.data_ptr();
   const void* vd = v_cache.data_ptr();
@@ -208,8 +235,9 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   const AttendFn attend = k_cache.scalar_type() == at::kFloat ? isa.attend_f32 : isa.attend_bf16;
   const float fscale = static_cast<float>(scale);
   // the output in q's dtype: a bf16 token's merged row is rounded from fp32 (no dispatched copy)
-  at::Tensor out = at::empty({T, H, D}, q.options());
-  std::vector<char> merged(T, 0);
+  at::Tensor out = new_output({T, H, D}, q.scalar_type());
+  std::vector<char>& merged = s.merged;
+  merged.assign(T, 0);
   auto merge_token = [&](int64_t t, float* row) {  // row: scratch [H, D] for a bf16 output
     float* o = bf16 ? row : out.data_ptr<float>() + t * H * D;
     merge_chunks(its_of.data() + first[t], first[t + 1] - first[t], m.data(), sums.data(), acc.data(), H, D, o);
@@ -247,9 +275,11 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
     }
   });
   // the tokens whose items two threads shared, and those with none (zeros)
-  std::vector<float> row(bf16 ? H * D : 0);
+  std::vector<float>& row = s.row;
+  row.resize(bf16 ? H * D : 0);
   for (int64_t t = 0; t < T; ++t)
     if (!merged[t]) merge_token(t, row.data());
+  s.trim();
   return out;
 }
 

@@ -42,6 +42,7 @@ extern "C" {
 AOTITorchError aoti_torch_cpu_linear(AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle* bias,
                                      AtenTensorHandle* ret) {
   GRAPHRT_RECORD("graphrt::linear");
+  graphrt_native::ReusedOutputs reused;
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE(
       { *ret = handle(graphrt_native::linear(tensor(x), tensor(weight), optional_tensor(bias))); });
 }
@@ -49,6 +50,7 @@ AOTITorchError aoti_torch_cpu_linear(AtenTensorHandle x, AtenTensorHandle weight
 AOTITorchError aoti_torch_cpu_linear_quantized(AtenTensorHandle x, AtenTensorHandle qweight, AtenTensorHandle scales,
                                                AtenTensorHandle* mins, AtenTensorHandle* bias, AtenTensorHandle* ret) {
   GRAPHRT_RECORD("graphrt::linear_quantized");
+  graphrt_native::ReusedOutputs reused;
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
     *ret = handle(graphrt_native::linear_quantized(tensor(x), tensor(qweight), tensor(scales), optional_tensor(mins),
                                                    optional_tensor(bias)));
@@ -67,6 +69,7 @@ AOTITorchError aoti_torch_cpu_dequantize(AtenTensorHandle qweight, AtenTensorHan
 AOTITorchError aoti_torch_cpu_linear_tiles(AtenTensorHandle x, AtenTensorHandle tiles, AtenTensorHandle* bias,
                                            AtenTensorHandle* ret) {
   GRAPHRT_RECORD("graphrt::linear_tiles");
+  graphrt_native::ReusedOutputs reused;
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE(
       { *ret = handle(graphrt_native::linear_tiles(tensor(x), tensor(tiles), optional_tensor(bias))); });
 }
@@ -80,6 +83,7 @@ AOTITorchError aoti_torch_cpu_dequantize_tiles(AtenTensorHandle tiles, int32_t d
 AOTITorchError aoti_torch_cpu_linear_packed_bf16(AtenTensorHandle x, AtenTensorHandle packed, AtenTensorHandle* bias,
                                                  AtenTensorHandle* ret) {
   GRAPHRT_RECORD("graphrt::linear_packed_bf16");
+  graphrt_native::ReusedOutputs reused;
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE(
       { *ret = handle(graphrt_native::linear_packed_bf16(tensor(x), tensor(packed), optional_tensor(bias))); });
 }
@@ -103,6 +107,7 @@ AOTITorchError aoti_torch_cpu_paged_attention(AtenTensorHandle q, AtenTensorHand
                                               AtenTensorHandle seq_lens, AtenTensorHandle query_start_loc,
                                               double scale, AtenTensorHandle* ret) {
   GRAPHRT_RECORD("graphrt::paged_attention");
+  graphrt_native::ReusedOutputs reused;
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
     *ret = handle(graphrt_native::paged_attention(tensor(q), optional_tensor(k), optional_tensor(v),
                                                   mutable_tensor(k_cache), mutable_tensor(v_cache),

@@ -11,9 +11,12 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/util/accumulate.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -31,6 +34,40 @@ float* thread_scratch(int64_t n) {
   thread_local std::vector<float> buffer;
   if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
   return buffer.data();
+}
+
+namespace {
+thread_local bool reusing_outputs = false;
+}
+
+ReusedOutputs::ReusedOutputs() : outer(!reusing_outputs) { reusing_outputs = true; }
+ReusedOutputs::~ReusedOutputs() {
+  if (outer) reusing_outputs = false;
+}
+
+// A package's decode step makes about 150 calls of these ops, each returning a small new tensor
+// that the next op or two read and drop: after the step's weight streams, at::empty's malloc and
+// tensor set-up run with their code and data evicted. An output is reused only when this list's
+// handle is its last one and its storage's only user (no view of it lives), with the shape,
+// dtype, layout and inference mode a new one would have; it is then written whole by the op.
+// Outputs over 1 MiB (a prefill's) are not kept: their allocation is small beside their product.
+at::Tensor new_output(at::IntArrayRef sizes, at::ScalarType dtype) {
+  if (!reusing_outputs || c10::multiply_integers(sizes) * c10::elementSize(dtype) > (size_t(1) << 20))
+    return at::empty(sizes, at::TensorOptions().dtype(dtype));
+  constexpr size_t kKept = 8;
+  thread_local std::array<at::Tensor, kKept> kept;
+  thread_local size_t next = 0;
+  const bool inference = c10::InferenceMode::is_enabled();
+  for (const at::Tensor& t : kept) {
+    if (t.defined() && t.use_count() == 1 && t.storage().use_count() == 1 && t.scalar_type() == dtype &&
+        t.sizes() == sizes && t.is_contiguous() && t.storage_offset() == 0 && t.is_inference() == inference &&
+        !t.requires_grad() && t.storage().nbytes() == static_cast<size_t>(t.numel()) * t.element_size())
+      return t;
+  }
+  at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(dtype));
+  kept[next] = t;
+  next = (next + 1) % kKept;
+  return t;
 }
 
 // `t` as a contiguous tensor of `dtype`, without a dispatcher round trip when it already is one
@@ -71,8 +108,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   const int64_t M = x2.size(0);
   // fp32 results; a bf16 caller's output is rounded from them by each thread, bias added first
   const bool round = x.scalar_type() == at::kBFloat16;
-  at::Tensor y = at::empty({M, N}, x2.options().dtype(at::kFloat));
-  at::Tensor out = round ? at::empty({M, N}, x2.options().dtype(at::kBFloat16)) : y;
+  at::Tensor y = new_output({M, N}, at::kFloat);
+  at::Tensor out = round ? new_output({M, N}, at::kBFloat16) : y;
   const at::Tensor b = bias.has_value() && bias->defined() ? as_contiguous(*bias, at::kFloat) : at::Tensor();
   TORCH_CHECK(!b.defined() || b.numel() == N, "graphrt::linear: bias must have N elements");
   const void* xp = x2.data_ptr();
@@ -169,7 +206,7 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& q, const at::
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, "graphrt::linear_quantized: x's last dim must equal the weight's K");
   const at::Tensor x2 = as_contiguous(x.dim() == 2 ? x : x.reshape({-1, K}), at::kFloat);
   const int64_t M = x2.size(0);
-  at::Tensor y = at::empty({M, N}, x2.options().dtype(at::kFloat));
+  at::Tensor y = new_output({M, N}, at::kFloat);
   const float* xp = x2.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const IsaKernels& isa = isa_kernels();

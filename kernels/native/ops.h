@@ -37,6 +37,18 @@ bool packs_bf16();
 float* thread_scratch(int64_t n);
 at::Tensor as_contiguous(const at::Tensor& t, at::ScalarType dtype);
 
+// An op's output [sizes] of `dtype`, uninitialised: inside a ReusedOutputs scope (the C entry
+// points of a package's calls) one of this thread's earlier outputs of that shape that nothing
+// holds any more, else a new tensor (at::empty; that one is kept for reuse in such a scope).
+at::Tensor new_output(at::IntArrayRef sizes, at::ScalarType dtype);
+struct ReusedOutputs {
+  ReusedOutputs();
+  ~ReusedOutputs();
+  ReusedOutputs(const ReusedOutputs&) = delete;
+  ReusedOutputs& operator=(const ReusedOutputs&) = delete;
+  bool outer;
+};
+
 // bf16 bits ↔ fp32: widening is a shift; narrowing rounds to nearest even (NaN stays NaN), as
 // torch's conversion.
 inline float bf16_to_float(uint16_t b) {

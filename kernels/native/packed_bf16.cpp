@@ -62,7 +62,7 @@ at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, con
   if (isa.gemm_bf16_packed == nullptr || K == 0) return linear(x, unpack_bf16(packed), bias);  // no AMX tiles here
   const at::Tensor x2 = as_contiguous(x.dim() == 2 ? x : x.reshape({-1, K}), at::kBFloat16);
   const int64_t M = x2.size(0);
-  at::Tensor out = at::empty({M, N}, x2.options());
+  at::Tensor out = new_output({M, N}, at::kBFloat16);
   if (M > 0) {
     const uint16_t* xp = reinterpret_cast<const uint16_t*>(x2.data_ptr<at::BFloat16>());
     const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());

@@ -87,7 +87,7 @@ at::Tensor linear_tiles(const at::Tensor& x, const at::Tensor& tiles, const std:
   }
   const at::Tensor x2 = as_contiguous(x.dim() == 2 ? x : x.reshape({-1, K}), at::kFloat);
   const int64_t M = x2.size(0);
-  at::Tensor y = at::empty({M, N}, x2.options().dtype(at::kFloat));
+  at::Tensor y = new_output({M, N}, at::kFloat);
   const float* xp = x2.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const uint8_t* tp = tiles.data_ptr<uint8_t>();

@@ -18,10 +18,14 @@ changes.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import torch
 import torch.fx as fx
@@ -165,15 +169,40 @@ class PackageBuild:
             raise RuntimeError(f"AOTInductor build of {self.path} failed:\n{err[-4000:]}")
 
 
+@contextlib.contextmanager
+def same_graph_lock(code: str, spec: str) -> Iterator[None]:
+    """Builds of one graph (its code and its inputs' and weights' shapes), one at a time across
+    processes; other graphs' builds go on beside them.
+
+    Inductor writes a graph's files into its shared cache folder under its own lock, but archives
+    them into the package after releasing it: a second process building the same graph could
+    truncate a file (rewriting it) while the first archived it, and the first's package held an
+    empty metadata JSON that no loader could read. The lock is a file lock, released by the kernel
+    if a build dies."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    key = hashlib.sha256(f"{code}\0{spec}".encode()).hexdigest()[:32]
+    folder = os.path.join(cache_dir(), "graphrt_build_locks")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"{key}.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _worker(exported_path: str, spec_path: str, out: str) -> None:
     import graphrt.kernels  # noqa: F401  (the graph calls graphrt:: ops)
 
     exported = torch.export.load(exported_path)
     with open(spec_path) as f:
-        spec = json.load(f)
+        spec_text = f.read()
+    spec = json.loads(spec_text)
     exported._example_inputs = (tuple(_empty(s) for s in spec["inputs"]), {})
     exported._state_dict = {n: _empty(s) for n, s in spec["weights"].items()}
-    compile_package(exported, out)
+    with same_graph_lock(exported.graph_module.code, spec_text):
+        compile_package(exported, out)
 
 
 class PackagedGraph:

@@ -46,7 +46,9 @@ struct ReusedOutputs {
   ~ReusedOutputs();
   ReusedOutputs(const ReusedOutputs&) = delete;
   ReusedOutputs& operator=(const ReusedOutputs&) = delete;
-  bool outer;
+
+ private:
+  bool outer;  // the scope that turned reuse on (a nested one leaves it to this one)
 };
 
 // bf16 bits ↔ fp32: widening is a shift; narrowing rounds to nearest even (NaN stays NaN), as

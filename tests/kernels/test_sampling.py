@@ -446,3 +446,23 @@ def test_greedy_rows_with_draft_distributions_accept_while_the_draft_is_the_argm
     without = rs([[1, 2, 9], [5, 0, 7]], [3, 3], logits)
     assert with_q[0].tolist() == without[0].tolist() == [[1, 2, 3, -1], [5, 6, -1, -1]]
     torch.testing.assert_close(with_q[1], without[1])
+
+
+def test_bf16_logits_give_what_their_fp32_values_give():
+    from graphrt.kernels import NATIVE_ISA
+
+    if NATIVE_ISA is None:
+        pytest.skip("the native library is not loaded (GRAPHRT_NATIVE=0 or no compiler)")
+    greedy = torch.ops.graphrt_native.greedy_sample
+    logits = (4 * torch.randn(4, 40_000, generator=torch.Generator().manual_seed(2))).to(torch.bfloat16)
+    logits[1, [9, 33_000]] = 40.0  # a tie across the slices: the first index
+    logits[2, [12, 25_000]] = float("nan")
+    logits[3, 39_999] = float("inf")
+    wide = logits.float()
+    # widened a slice at a time (contiguous), or converted whole (a strided view)
+    for rows in (logits, logits.T.contiguous().T):
+        tokens, logprobs = greedy(rows)
+        want_tokens, want_logprobs = greedy(wide)
+        assert torch.equal(tokens, want_tokens) and tokens[1:].tolist() == [9, 12, 39_999]
+        assert logprobs.dtype == torch.float32
+        torch.testing.assert_close(logprobs, want_logprobs, rtol=0, atol=0, equal_nan=True)

@@ -54,19 +54,27 @@ ReusedOutputs::~ReusedOutputs() {
 at::Tensor new_output(at::IntArrayRef sizes, at::ScalarType dtype) {
   if (!reusing_outputs || c10::multiply_integers(sizes) * c10::elementSize(dtype) > (size_t(1) << 20))
     return at::empty(sizes, at::TensorOptions().dtype(dtype));
-  constexpr size_t kKept = 8;
+  constexpr size_t kKept = 16;
   thread_local std::array<at::Tensor, kKept> kept;
   thread_local size_t next = 0;
+  const auto unused = [](const at::Tensor& t) { return t.use_count() == 1 && t.storage().use_count() == 1; };
   const bool inference = c10::InferenceMode::is_enabled();
   for (const at::Tensor& t : kept) {
-    if (t.defined() && t.use_count() == 1 && t.storage().use_count() == 1 && t.scalar_type() == dtype &&
-        t.sizes() == sizes && t.is_contiguous() && t.storage_offset() == 0 && t.is_inference() == inference &&
-        !t.requires_grad() && t.storage().nbytes() == static_cast<size_t>(t.numel()) * t.element_size())
+    if (t.defined() && unused(t) && t.scalar_type() == dtype && t.sizes() == sizes && t.is_contiguous() &&
+        t.storage_offset() == 0 && t.is_inference() == inference && !t.requires_grad() &&
+        t.storage().nbytes() == static_cast<size_t>(t.numel()) * t.element_size())
       return t;
   }
+  // a new output takes an empty place, else one whose tensor is held elsewhere (an output that
+  // lives on, the residual stream's say), else the next in turn: a free one of another shape stays
   at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(dtype));
-  kept[next] = t;
-  next = (next + 1) % kKept;
+  size_t place = kKept;
+  for (size_t i = 0; i < kKept && place == kKept; ++i)
+    if (!kept[i].defined()) place = i;
+  for (size_t i = 0; i < kKept && place == kKept; ++i)
+    if (!unused(kept[i])) place = i;
+  if (place == kKept) place = next, next = (next + 1) % kKept;
+  kept[place] = t;
   return t;
 }
 

@@ -142,3 +142,19 @@ def test_attention_through_its_entry_point_matches_the_op_call_after_call(lib):
     assert addresses[0] == addresses[1] != others[0].data_ptr()
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_free_output_outlasts_many_held_ones(lib):
+    # arrange: one free output kept, then more held outputs of another shape than the list keeps
+    (x,), w = operands(5)
+    free = call(lib, "linear", x, w, None)
+    free_address = address(free)
+    delete(free)
+    held = [call(lib, "linear", x, w[:80], None) for _ in range(20)]
+    # act
+    again = call(lib, "linear", x, w, None)
+    # assert
+    assert address(again) == free_address
+    torch.testing.assert_close(values(again, (1, 96)), x @ w.T, rtol=1e-5, atol=1e-5)
+    for h in (*held, again):
+        delete(h)

@@ -60,6 +60,11 @@ inline float bf16_to_float(uint16_t b) {
   return f;
 }
 
+// n bf16 values widened into dst.
+inline void widen_bf16(const uint16_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+}
+
 inline uint16_t round_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));

@@ -52,8 +52,7 @@ std::tuple<at::Tensor, at::Tensor> greedy_sample(const at::Tensor& logits) {
       const float* slice;
       if (bf16) {
         float* wide = thread_scratch(v1 - v0);
-        const uint16_t* src = hp + row * V + v0;
-        for (int64_t k = 0; k < v1 - v0; ++k) wide[k] = bf16_to_float(src[k]);
+        widen_bf16(hp + row * V + v0, v1 - v0, wide);
         slice = wide;
       } else {
         slice = xp + row * V + v0;

@@ -120,36 +120,60 @@ static inline void row_blocks(const typename P::X* x, const W* w, float* y, int6
   for (; n < n_end; ++n) row_block<P, W, 1, MB>(x, w, y, M, N, K, n, n_end);
 }
 
-// One activation row: the thread's weight rows are one contiguous region, read front to back as
-// a single stream (what hardware prefetchers follow best) and prefetched kAheadBytes ahead
-// (stream_prefetch: the hint depends on the CPU's vendor); four accumulators per row so the adds
-// do not wait on each other.
-constexpr int64_t kAheadBytes = 4096;
+// One activation row (on AMD): S weight rows at a time, one from each of S equal parts of the
+// thread's rows, so that each part is one stream read front to back and the S streams run
+// together, the activation vectors loaded once for all S. Four accumulators a row so the adds do
+// not wait on each other; a row's sums are added in the same order whatever S, so the result
+// does not depend on it. On an AMD EPYC of family 19h, 1 GiB of rows of 576 in a fast phase (a
+// streaming sum 60-69 GB/s): one stream read fp32 rows at 51-59 GB/s, three at 60-68 (two and
+// four less than three), bf16 rows 61-63 against 66-67; in slow phases (about 36 GB/s) all read
+// the same. An fp32 engine at one row, alternated in one process: 10.4-11.2 ms a step against
+// 10.9-12.5, faster in ten pairs of ten (the log's "Three weight streams at one row"). Software
+// prefetch made no difference to a single stream and is not used.
+constexpr int kGemvStreams = 3;
+
+template <typename P, typename W, int S>
+static inline void dot_rows(const typename P::X* x, const W* w, float* y, int64_t K, const int64_t (&rows)[S]) {
+  const W* wr[S];
+  typename P::Acc a[S][4];
+#pragma GCC unroll 4
+  for (int q = 0; q < S; ++q) {
+    wr[q] = w + rows[q] * K;
+    a[q][0] = a[q][1] = a[q][2] = a[q][3] = typename P::Acc{};
+  }
+  int64_t k = 0;
+  for (; k + 4 * P::kStep <= K; k += 4 * P::kStep) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const typename P::XV xv = P::loadx(x + k + j * P::kStep);
+#pragma GCC unroll 4
+      for (int q = 0; q < S; ++q) a[q][j] = P::madd(a[q][j], xv, P::loadw(wr[q] + k + j * P::kStep));
+    }
+  }
+  for (; k + P::kStep <= K; k += P::kStep) {
+    const typename P::XV xv = P::loadx(x + k);
+#pragma GCC unroll 4
+    for (int q = 0; q < S; ++q) a[q][0] = P::madd(a[q][0], xv, P::loadw(wr[q] + k));
+  }
+#pragma GCC unroll 4
+  for (int q = 0; q < S; ++q) {
+    float s = P::reduce((a[q][0] + a[q][1]) + (a[q][2] + a[q][3]));
+    for (int64_t kk = k; kk < K; ++kk) s += to_float(x[kk]) * to_float(wr[q][kk]);
+    y[rows[q]] = s;
+  }
+}
 
 template <typename P, typename W>
 static void gemv(const typename P::X* x, const W* w, float* y, int64_t K, int64_t n_begin, int64_t n_end) {
-  const char* end = reinterpret_cast<const char*>(w + n_end * K);
-  constexpr int64_t kVecBytes = P::kStep * int64_t(sizeof(W));
-  for (int64_t n = n_begin; n < n_end; ++n) {
-    const W* wr = w + n * K;
-    typename P::Acc a0{}, a1{}, a2{}, a3{};
-    int64_t k = 0;
-    for (; k + 4 * P::kStep <= K; k += 4 * P::kStep) {
-      const char* ahead = reinterpret_cast<const char*>(wr + k) + kAheadBytes;
-      if (ahead < end) {
+  constexpr int S = kGemvStreams;
+  const int64_t part = (n_end - n_begin) / S;
+  for (int64_t i = 0; i < part; ++i) {
+    int64_t rows[S];
 #pragma GCC unroll 4
-        for (int64_t b = 0; b < 4 * kVecBytes; b += 64) stream_prefetch(ahead + b);
-      }
-      a0 = P::madd(a0, P::loadx(x + k), P::loadw(wr + k));
-      a1 = P::madd(a1, P::loadx(x + k + P::kStep), P::loadw(wr + k + P::kStep));
-      a2 = P::madd(a2, P::loadx(x + k + 2 * P::kStep), P::loadw(wr + k + 2 * P::kStep));
-      a3 = P::madd(a3, P::loadx(x + k + 3 * P::kStep), P::loadw(wr + k + 3 * P::kStep));
-    }
-    for (; k + P::kStep <= K; k += P::kStep) a0 = P::madd(a0, P::loadx(x + k), P::loadw(wr + k));
-    float s = P::reduce((a0 + a1) + (a2 + a3));
-    for (; k < K; ++k) s += to_float(x[k]) * to_float(wr[k]);
-    y[n] = s;
+    for (int q = 0; q < S; ++q) rows[q] = n_begin + q * part + i;
+    dot_rows<P, W, S>(x, w, y, K, rows);
   }
+  for (int64_t n = n_begin + S * part; n < n_end; ++n) dot_rows<P, W, 1>(x, w, y, K, {n});
 }
 
 // fp32 weights on AMD with 32 vector registers: three weight rows a wide tile (24 accumulators).
@@ -166,7 +190,7 @@ constexpr int kWideNbAmdF32 = 3;
 constexpr int kWideNbAmdF32 = GRT_WIDE_NB;
 #endif
 
-// Output columns [n_begin, n_end): one thread's share. One row: the single stream above on AMD,
+// Output columns [n_begin, n_end): one thread's share. One row: the three streams above on AMD,
 // weight rows in pairs elsewhere (kAmdStreams). Up to GRT_SMALL_MB rows: tiles of GRT_SMALL_NB
 // weight rows (one: a single front-to-back stream, which measured fastest for 2-4 rows); more rows: GRT_WIDE_NB weight rows x GRT_WIDE_MB activation
 // rows, so each weight vector, once in a register, serves that many rows (kWideNbAmdF32 of them

@@ -86,3 +86,57 @@ static void dot_packed_rows(const uint16_t* x, const uint16_t* w, const float* b
   }
   _mm_sfence();  // the streaming stores, visible before the caller's threads join
 }
+
+// One activation row against S blocks of 32 columns at once, each read front to back: S streams
+// together, the pair of activations broadcast from memory for each. Each block's sums are added
+// as dot_packed_tile<1> adds them, so the result is the same bits.
+template <int S>
+static inline void dot_packed_streams(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* out,
+                                      int64_t K, const int64_t (&n)[S], bool aligned) {
+  __m512 acc[S][2][2];  // [block][accumulator][half]
+#pragma GCC unroll 4
+  for (int b = 0; b < S; ++b) acc[b][0][0] = acc[b][0][1] = acc[b][1][0] = acc[b][1][1] = _mm512_setzero_ps();
+  const uint32_t* xr = reinterpret_cast<const uint32_t*>(x);
+  const uint16_t* block[S];
+#pragma GCC unroll 4
+  for (int b = 0; b < S; ++b) block[b] = w + n[b] * K;
+  for (int64_t s = 0; s < K / 32; ++s) {
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 16
+      for (int p = 0; p < 16; ++p) {
+#pragma GCC unroll 4
+        for (int b = 0; b < S; ++b) {
+          const __m512bh wv = (__m512bh)_mm512_loadu_si512(block[b] + s * 1024 + h * 512 + p * 32);
+          acc[b][p % 2][h] = dot_broadcast(acc[b][p % 2][h], wv, xr + s * 16 + p);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int b = 0; b < S; ++b) {
+    const __m512 b0 = bias != nullptr ? _mm512_loadu_ps(bias + n[b]) : _mm512_setzero_ps();
+    const __m512 b1 = bias != nullptr ? _mm512_loadu_ps(bias + n[b] + 16) : _mm512_setzero_ps();
+    store_packed_row(_mm512_add_ps(acc[b][0][0], acc[b][1][0]), _mm512_add_ps(acc[b][0][1], acc[b][1][1]), b0, b1,
+                     out + n[b], aligned);
+  }
+}
+
+// One activation row over [n0, n1) on AMD: the blocks in three equal parts, read together as
+// three streams (a block of each at a time); the blocks past them as dot_packed_rows reads them.
+// As in the skinny GEMM (skinny_gemm.h, kGemvStreams), one stream a thread leaves an AMD EPYC of
+// family 19h's memory partly idle in its fast phases: SmolLM2's shapes cold, one row, 47.7-50.5
+// GB/s against 51.0-52.4 (`graphrt bench kernels --rows 1 --dtypes bfloat16`, alternated, a
+// streaming sum 67-70), the o projection 36-40 against 40-41 and the LM head 62-68 against
+// 67-70; a bf16 engine at one row, alternated in one process: 6.03-6.26 ms a step against
+// 6.06-6.52, faster in nine pairs of ten (the log's "Three weight streams at one row").
+static void dot_packed_row_streams(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* out, int64_t N,
+                                   int64_t K, int64_t n0, int64_t n1) {
+  const bool aligned = reinterpret_cast<uintptr_t>(out) % 64 == 0 && N % 32 == 0;
+  const int64_t part = (n1 - n0) / 32 / 3;
+  for (int64_t i = 0; i < part; ++i) {
+    const int64_t n[3] = {n0 + 32 * i, n0 + 32 * (part + i), n0 + 32 * (2 * part + i)};
+    dot_packed_streams<3>(x, w, bias, out, K, n, aligned);
+  }
+  dot_packed_rows(x, w, bias, out, 1, N, K, n0 + 3 * 32 * part, n1);
+}

@@ -135,7 +135,10 @@ static void gemm_bf16_dot(const uint16_t* x, const void* w, float* y, int64_t M,
 #include "dot_packed_gemm.h"
 static void gemm_bf16_packed(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* out, int64_t M,
                              int64_t N, int64_t K, int64_t n0, int64_t n1) {
-  dot_packed_rows(x, w, bias, out, M, N, K, n0, n1);
+  if (M == 1 && graphrt_native::kAmdStreams)
+    dot_packed_row_streams(x, w, bias, out, N, K, n0, n1);
+  else
+    dot_packed_rows(x, w, bias, out, M, N, K, n0, n1);
 }
 }  // namespace avx512bf16
 #pragma GCC pop_options

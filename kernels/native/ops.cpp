@@ -67,8 +67,11 @@ uint64_t output_key(at::IntArrayRef sizes, at::ScalarType dtype, bool inference)
   return key | 1;  // never 0, an empty place's word
 }
 
+// Held by nothing but the kept handle: no other tensor, and no view of its storage.
+bool unheld(const at::Tensor& t) { return t.use_count() == 1 && t.storage().use_count() == 1; }
+
 bool reusable(const at::Tensor& t, at::IntArrayRef sizes, at::ScalarType dtype, bool inference) {
-  return t.defined() && t.use_count() == 1 && t.storage().use_count() == 1 && t.scalar_type() == dtype &&
+  return t.defined() && unheld(t) && t.scalar_type() == dtype &&
          t.sizes() == sizes && t.is_contiguous() && t.storage_offset() == 0 && t.is_inference() == inference &&
          !t.requires_grad() && t.storage().nbytes() == static_cast<size_t>(t.numel()) * t.element_size();
 }
@@ -92,7 +95,7 @@ at::Tensor new_output(at::IntArrayRef sizes, at::ScalarType dtype) {
   for (size_t i = 0; i < kKept && place == kKept; ++i)
     if (keys[i] == 0) place = i;
   for (size_t i = 0; i < kKept && place == kKept; ++i)
-    if (kept[i].use_count() != 1 || kept[i].storage().use_count() != 1) place = i;
+    if (!unheld(kept[i])) place = i;
   if (place == kKept) place = next, next = (next + 1) % kKept;
   kept[place] = t;
   keys[place] = key;

@@ -158,8 +158,9 @@ const IsaKernels& isa_kernels();
 
 // How weights are streamed, tuned per CPU vendor (`graphrt bench kernels` on each):
 //   AMD (true): a one-row product reads the thread's weights as three front-to-back streams at
-//     once, with no software prefetch (skinny_gemm.h, dot_packed_gemm.h); the quantized ones
-//     prefetch their stream with a non-temporal hint (the weights are read once a step);
+//     once, with no software prefetch (skinny_gemm.h, dot_packed_gemm.h); the quantized tiles
+//     stream without one too at one row, and at more rows prefetch their stream with a
+//     non-temporal hint (the weights are read once a step; tile_quant_gemm.h);
 //   Intel and others (false): rows in pairs with an ordinary prefetch (a non-temporal prefetch
 //     far ahead is dropped before its use there: the single stream ran at 40% of the memory).
 // GRAPHRT_CPU_TUNING=amd|intel overrides the vendor's choice.

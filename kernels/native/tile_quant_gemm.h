@@ -58,8 +58,13 @@ static inline __m512i four_digits(const uint8_t* p) {
 // an Intel Xeon, three alternated pairs of `graphrt bench decode --batch-sizes 4 --quantization
 // int4,int8`: 512-527 tok/s against 487-498; int4, whose unpacking makes it arithmetic-bound,
 // 563-597 against 575-612.
+// One activation row on AMD: none, the stream is left to the hardware. On the family-19h EPYC
+// (SmolLM2, batch 1, alternated in one process, the same outputs), int4 3.22 against 3.27 ms a
+// step (faster in 8 of 8), int8 3.23 against 3.32 (6 of 6); at two and four rows the prefetch
+// pays (its step 13% and 32% shorter), as at eight.
 template <int BITS, int MB>
 static inline void tile_prefetch(const uint8_t* p) {
+  if (MB == 1 && graphrt_native::kAmdStreams) return;
   if (BITS == 8 && MB > 1 && !graphrt_native::kAmdStreams) {
     prefetch_l2(p + kVnniAhead);
     prefetch_near(p);
@@ -70,9 +75,8 @@ static inline void tile_prefetch(const uint8_t* p) {
 
 // NG groups of 16 weight rows (each its K / 32 tiles, from tiles[g]) against MB activation records
 // from `rec`: 16 outputs each per group, stored at y[g] (rows `ldy` floats apart). NG = 2 reads two
-// groups' streams at once (tiles_columns, up to kTilePairMaxRows activation rows). PREFETCH: each
-// tile line requested ahead (tile_prefetch), or the stream left to the hardware.
-template <int BITS, int MB, int NG = 1, bool PREFETCH = true>
+// groups' streams at once (tiles_columns, up to kTilePairMaxRows activation rows).
+template <int BITS, int MB, int NG = 1>
 static inline void tiles_group(const uint8_t* const* tiles, int64_t blocks, const uint8_t* rec, int64_t row_bytes,
                                float* const* y, int64_t ldy) {
   constexpr int64_t kBytes = graphrt_native::tile_bytes(BITS), kValues = graphrt_native::tile_value_bytes(BITS);
@@ -86,8 +90,7 @@ static inline void tiles_group(const uint8_t* const* tiles, int64_t blocks, cons
 #pragma GCC unroll 2
     for (int g = 0; g < NG; ++g) {
       const uint8_t* tile = tiles[g] + b * kBytes;
-      if constexpr (PREFETCH)
-        for (int64_t l = 0; l < kBytes; l += 64) tile_prefetch<BITS, MB>(tile + l);
+      for (int64_t l = 0; l < kBytes; l += 64) tile_prefetch<BITS, MB>(tile + l);
       __m512i first[MB], second[MB];
 #pragma GCC unroll 8
       for (int i = 0; i < MB; ++i) first[i] = second[i] = _mm512_setzero_si512();
@@ -216,18 +219,6 @@ static void tiles_columns(const uint8_t* act, const uint8_t* tiles, float* y, in
   const int64_t blocks = K / 32, stride = WIDE ? K * int64_t(sizeof(float)) : graphrt_native::tile_row_bytes(K);
   const int64_t group_bytes = blocks * graphrt_native::tile_bytes(BITS);
   if constexpr (!WIDE) {
-    // One activation row on AMD: the stream without software prefetch. On the family-19h EPYC
-    // (SmolLM2, batch 1, alternated in one process, the same outputs), int4 3.22 against 3.27 ms a
-    // step (faster in 8 of 8), int8 3.23 against 3.32 (6 of 6); at two and four rows the prefetch
-    // pays (its step 13% and 32% shorter), as at eight.
-    if (M == 1 && graphrt_native::kAmdStreams) {
-      for (int64_t g = g0; g < g1; ++g) {
-        const uint8_t* tile = tiles + g * group_bytes;
-        float* out = y + g * 16;
-        tiles_group<BITS, 1, 1, false>(&tile, blocks, act, stride, &out, N);
-      }
-      return;
-    }
     if (M <= kTilePairMaxRows && !graphrt_native::kAmdStreams) {
       const int64_t half = (g1 - g0) / 2;
       for (int64_t g = g0; g < g0 + half; ++g) {

@@ -164,7 +164,7 @@ class DeepseekV3ForCausalLM(nn.Module):
         )
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim)
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim, cfg.max_position_embeddings)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.mtp = nn.ModuleList(MTPLayer(cfg, cfg.num_layers + i) for i in range(num_mtp_layers))
         self.mtp_missing: list[str] = []  # set by the loader: MTP tensors the checkpoint lacks

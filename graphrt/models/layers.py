@@ -64,40 +64,59 @@ def _yarn_inv_freq(rope: RopeConfig, dim: int, inv_freq: torch.Tensor) -> torch.
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin for a step's positions, computed once per forward and shared by every layer."""
+    """cos/sin for a step's positions, looked up in float32 tables of every position the model
+    allows (transformers computes them per forward, in float32 whatever the model's dtype: the
+    tables hold the same values).
 
-    def __init__(self, rope: RopeConfig, rotary_dim: int) -> None:
+    A lookup, not the formula, because a compiled step inlines a pointwise cos/sin into each of
+    its consumers: every layer's rotation computed them again (96 vector cos and sin a layer at
+    one decode token)."""
+
+    def __init__(self, rope: RopeConfig, rotary_dim: int, max_positions: int) -> None:
         super().__init__()
         self.rotary_dim = rotary_dim
-        self.scale = rope.cos_sin_scale
-        self.register_buffer("inv_freq", rope_inv_freq(rope, rotary_dim), persistent=False)
+        inv_freq = rope_inv_freq(rope, rotary_dim)
+        # the angles as transformers forms them (a float32 product), on the CPU even while a model
+        # is built on the meta device
+        angles = torch.arange(max_positions, device="cpu").float()[:, None] * inv_freq[None, :]
+        cos, sin = angles.cos(), angles.sin()
+        if rope.cos_sin_scale != 1.0:
+            cos, sin = cos * rope.cos_sin_scale, sin * rope.cos_sin_scale
+        self.register_buffer("cos_table", cos, persistent=False)  # [max_positions, rotary_dim // 2]
+        self.register_buffer("sin_table", sin, persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # the tables stay float32 when the model moves to another dtype (transformers keeps its
+        # inverse frequencies float32; a bf16 angle is off by a radian a thousand positions in)
+        tables = dict(self._buffers)
+        super()._apply(fn, recurse)
+        for name, table in tables.items():
+            self._buffers[name] = table.to(self._buffers[name].device)
+        return self
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, rot/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # NeoX layout: [T, rot]
-        if self.scale != 1.0:
-            return (emb.cos() * self.scale).to(dtype), (emb.sin() * self.scale).to(dtype)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        """cos and sin [T, rotary_dim // 2]: one per frequency (transformers repeats them for the
+        two halves a frequency turns)."""
+        return self.cos_table[positions].to(dtype), self.sin_table[positions].to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """NeoX-style rotation of x [T, heads, head_dim] over its first cos.shape[-1] dims."""
-    rot = cos.shape[-1]
-    x_rot, x_pass = x[..., :rot], x[..., rot:]
-    x1, x2 = x_rot[..., : rot // 2], x_rot[..., rot // 2 :]
-    rotated = torch.cat((-x2, x1), dim=-1)
-    out = x_rot * cos[:, None, :] + rotated * sin[:, None, :]
-    if x_pass.shape[-1] == 0:
-        return out
-    return torch.cat((out, x_pass), dim=-1)
+    """NeoX-style rotation of x [T, heads, head_dim] over its first 2 * cos.shape[-1] dims.
+
+    transformers' x * cos + rotate_half(x) * sin, written per half: the same roundings (a + (-b)
+    is a - b), and no rotated copy of x for a compiled step to store and read back."""
+    half = cos.shape[-1]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    x1, x2, x_pass = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
+    parts = (x1 * cos - x2 * sin, x2 * cos + x1 * sin)
+    return torch.cat(parts if x_pass.shape[-1] == 0 else (*parts, x_pass), dim=-1)
 
 
 def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """DeepSeek's interleaved rotation of x [T, heads, rot]: pairs (x0, x1), (x2, x3), … each turned
     by one frequency, the results laid out as [evens' rotation, odds' rotation] (transformers'
     spelling; q and k share the layout, so their dot products are those of the pairs)."""
-    half = cos.shape[-1] // 2
-    cos, sin = cos[:, None, :half], sin[:, None, :half]
+    cos, sin = cos[:, None, :], sin[:, None, :]
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 

@@ -61,6 +61,48 @@ def test_in_memory_transformers_model_loads(tiny_model):
     torch.testing.assert_close(prefill_logits(lm.model, lm.config, ids), ref, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(TINY_CONFIGS))
+def test_rotary_cos_sin_equal_transformers(tiny_model, name, dtype):
+    # the same bits at every position up to the model's last, in bf16 too: transformers forms the
+    # angles in float32 whatever the dtype (bf16 inverse frequencies were off by 0.09-0.34 here)
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model(name)
+    lm = load_model(path, dtype=str(dtype).removeprefix("torch."))
+    assert lm.model.rotary.cos_table.dtype == torch.float32
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).model.rotary_emb
+    pos = torch.tensor([0, 1, 7, 100, 300, lm.config.max_position_embeddings - 1])
+    cos, sin = lm.model.rotary(pos, dtype)
+    ref_cos, ref_sin = ref(torch.zeros(1, len(pos), 1, dtype=dtype), pos[None])
+    assert cos.dtype == dtype
+    # transformers repeats each frequency's cos and sin for the two halves it turns
+    assert torch.equal(ref_cos[0], torch.cat((cos, cos), -1)) and torch.equal(ref_sin[0], torch.cat((sin, sin), -1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotation_equals_transformers_bits(dtype):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from graphrt.models.layers import apply_rotary
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(5, 4, 16, generator=g).to(dtype), torch.randn(5, 2, 16, generator=g).to(dtype)
+    angles = torch.randn(5, 8, generator=g) * 100
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    full = lambda t: torch.cat((t, t), -1)[None]  # noqa: E731 - transformers' [1, T, head_dim]
+    ref_q, ref_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], full(cos), full(sin))
+    assert torch.equal(apply_rotary(q, cos, sin), ref_q[0].transpose(0, 1))
+    assert torch.equal(apply_rotary(k, cos, sin), ref_k[0].transpose(0, 1))
+    # a partial rotation turns the first 2 * half dims and passes the rest through
+    part = apply_rotary(q, cos[:, :4], sin[:, :4])
+    assert torch.equal(part[..., 8:], q[..., 8:])
+    ref_part, _ = apply_rotary_pos_emb(
+        q[..., :8].transpose(0, 1)[None], k[..., :8].transpose(0, 1)[None], full(cos[:, :4]), full(sin[:, :4])
+    )
+    assert torch.equal(part[..., :8], ref_part[0].transpose(0, 1))
+
+
 def test_bfloat16_prefill_close_to_transformers_bf16(tiny_model):
     from transformers import AutoModelForCausalLM
 

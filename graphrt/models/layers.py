@@ -96,7 +96,10 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [T, rotary_dim // 2]: one per frequency (transformers repeats them for the
-        two halves a frequency turns)."""
+        two halves a frequency turns). Positions past the model's last read its last angles: only
+        MTP's chained drafts reach them (a row at max_model_len drafts past it), and those drafts
+        are never kept."""
+        positions = positions.clamp(0, self.cos_table.shape[0] - 1)
         return self.cos_table[positions].to(dtype), self.sin_table[positions].to(dtype)
 
 

@@ -80,6 +80,14 @@ def test_rotary_cos_sin_equal_transformers(tiny_model, name, dtype):
     assert torch.equal(ref_cos[0], torch.cat((cos, cos), -1)) and torch.equal(ref_sin[0], torch.cat((sin, sin), -1))
 
 
+def test_rotary_positions_past_the_table_read_its_last_row(tiny_model):
+    # MTP's chained drafts of a row at max_model_len run past the model's last position
+    lm = load_model(tiny_model("deepseek_v3"))
+    last = lm.config.max_position_embeddings - 1
+    cos, sin = lm.model.rotary(torch.tensor([last, last + 1, last + 3]), torch.float32)
+    assert torch.equal(cos[1:], cos[:1].expand(2, -1)) and torch.equal(sin[1:], sin[:1].expand(2, -1))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rotation_equals_transformers_bits(dtype):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb

@@ -126,7 +126,11 @@ AOTITorchError aoti_torch_cpu_sample(AtenTensorHandle logits, AtenTensorHandle t
   GRAPHRT_RECORD("graphrt::sample");
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
     const std::optional<at::Tensor> mask = optional_tensor(bitmask);
-    auto [t, l] = graphrt_native::greedy_sample_plain(tensor(logits), tensor(temperature), mask);
+    at::Tensor t, l;
+    {
+      graphrt_native::ReusedOutputs reused;  // the greedy outputs only, not the body's
+      std::tie(t, l) = graphrt_native::greedy_sample_plain(tensor(logits), tensor(temperature), mask);
+    }
     if (t.size(0) != tensor(logits).size(0)) {
       static const auto body =
           c10::Dispatcher::singleton()

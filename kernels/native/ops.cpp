@@ -84,21 +84,25 @@ at::Tensor new_output(at::IntArrayRef sizes, at::ScalarType dtype) {
   thread_local std::array<uint64_t, kKept> keys{};  // 0: an empty place
   thread_local std::array<at::Tensor, kKept> kept;
   thread_local size_t next = 0;
+  thread_local size_t last = kKept;  // the place of this thread's previous output
   const bool inference = c10::InferenceMode::is_enabled();
   const uint64_t key = output_key(sizes, dtype, inference);
   for (size_t i = 0; i < kKept; ++i)
-    if (keys[i] == key && reusable(kept[i], sizes, dtype, inference)) return kept[i];
+    if (keys[i] == key && reusable(kept[i], sizes, dtype, inference)) return kept[last = i];
   // a new output takes an empty place, else one whose tensor is held elsewhere (an output that
-  // lives on, the residual stream's say), else the next in turn: a free one of another shape stays
+  // lives on, the residual stream's say), else the next in turn: a free one of another shape stays.
+  // Never the previous output's place: an op with two outputs (sampling's tokens and log-probs)
+  // still holds its first when it asks for its second, and would otherwise drop it every call.
   at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(dtype));
   size_t place = kKept;
   for (size_t i = 0; i < kKept && place == kKept; ++i)
     if (keys[i] == 0) place = i;
   for (size_t i = 0; i < kKept && place == kKept; ++i)
-    if (!unheld(kept[i])) place = i;
+    if (i != last && !unheld(kept[i])) place = i;
   if (place == kKept) place = next, next = (next + 1) % kKept;
   kept[place] = t;
   keys[place] = key;
+  last = place;
   return t;
 }
 

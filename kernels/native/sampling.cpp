@@ -62,8 +62,9 @@ std::tuple<at::Tensor, at::Tensor> greedy_sample(const at::Tensor& logits) {
       if (parts[i].nan_index >= 0) parts[i].nan_index += v0;
     }
   });
-  at::Tensor tokens = at::empty({N}, x.options().dtype(at::kLong));
-  at::Tensor logprobs = at::empty({N}, x.options().dtype(at::kFloat));
+  // kept between a package's steps (new_output): after the LM head a fresh allocation runs cold
+  at::Tensor tokens = new_output({N}, at::kLong);
+  at::Tensor logprobs = new_output({N}, at::kFloat);
   int64_t* tp = tokens.data_ptr<int64_t>();
   float* lp = logprobs.data_ptr<float>();
   const float nan = std::numeric_limits<float>::quiet_NaN();

@@ -158,3 +158,59 @@ def test_a_free_output_outlasts_many_held_ones(lib):
     torch.testing.assert_close(values(again, (1, 96)), x @ w.T, rtol=1e-5, atol=1e-5)
     for h in (*held, again):
         delete(h)
+
+
+def sample(lib, logits: torch.Tensor, temperature: float):
+    """The sample entry point over one greedy-or-not row set; returns (tokens, logprobs) handles."""
+    handles = [to_handle(a) for a in (logits, *sample_args(logits.shape[0], temperature)[:-1])]
+    tokens, logprobs = ctypes.c_void_p(), ctypes.c_void_p()
+    assert lib.aoti_torch_cpu_sample(*handles, ctypes.c_void_p(None), ctypes.byref(tokens), ctypes.byref(logprobs)) == 0
+    for h in handles:
+        delete(h)
+    return tokens, logprobs
+
+
+def long_values(h: ctypes.c_void_p, n: int) -> list[int]:
+    return list((ctypes.c_int64 * n).from_address(address(h)))
+
+
+def test_greedy_samples_reuse_their_outputs_and_never_a_held_one(lib):
+    # arrange: three steps' logits; the first step's outputs dropped, the second's held
+    g = torch.Generator().manual_seed(6)
+    logits = [torch.randn(2, 300, generator=g) for _ in range(3)]
+    want = [torch.ops.graphrt.sample(x, *sample_args(2)) for x in logits]
+    # act
+    first = sample(lib, logits[0], 0.0)
+    first_addresses = [address(h) for h in first]
+    for h in first:
+        delete(h)
+    others = [torch.empty(2, dtype=torch.long), torch.empty(2)]  # would take freed blocks of those sizes
+    second = sample(lib, logits[1], 0.0)
+    third = sample(lib, logits[2], 0.0)
+    # assert: the second step took the first's memory, the third did not take the held second's
+    assert [address(h) for h in second] == first_addresses
+    assert not {o.data_ptr() for o in others} & set(first_addresses)
+    assert not {address(h) for h in third} & set(first_addresses)
+    for (tokens, logprobs), (want_tokens, want_logprobs) in zip((second, third), want[1:]):
+        assert long_values(tokens, 2) == want_tokens.tolist()
+        torch.testing.assert_close(values(logprobs, (2,)), want_logprobs, rtol=0, atol=0)
+    for h in (*second, *third):
+        delete(h)
+
+
+def test_a_random_sample_still_goes_to_the_body(lib):
+    # a row with a temperature is not greedy: the op's own body samples it, from the same stream
+    logits = torch.randn(1, 300, generator=torch.Generator().manual_seed(7))
+    tokens, logprobs = sample(lib, logits, 0.8)
+    want_tokens, want_logprobs = torch.ops.graphrt.sample(logits, *sample_args(1, 0.8))
+    assert long_values(tokens, 1) == want_tokens.tolist()
+    torch.testing.assert_close(values(logprobs, (1,)), want_logprobs, rtol=0, atol=0)
+    for h in (tokens, logprobs):
+        delete(h)
+
+
+def sample_args(r: int, temperature: float = 0.0):
+    """The op's arguments after the logits: temperature, top_k, top_p, min_p, seeds, offsets, no
+    bitmask."""
+    zeros = torch.zeros(r, dtype=torch.long)
+    return torch.full((r,), temperature), zeros, torch.ones(r), torch.zeros(r), zeros, zeros, None

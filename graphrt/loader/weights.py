@@ -20,7 +20,6 @@ from graphrt.loader.quantization import (
 )
 from graphrt.models import model_class
 from graphrt.models.config import ModelConfig
-from graphrt.models.layers import RotaryEmbedding
 
 
 class CheckpointError(ValueError):
@@ -144,9 +143,8 @@ def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
     with torch.device("meta"):
         model = model_class(cfg)(cfg, mtp_layers) if cfg.mla is not None else model_class(cfg)(cfg)
         swap_quantized_modules(model, state, dtype)
+    # (rope's tables, not in the state dict, were built on the CPU with the model)
     model.load_state_dict(state, strict=True, assign=True)
-    # Non-persistent buffers are not in the state dict: build them for real.
-    model.rotary = RotaryEmbedding(cfg.rope, cfg.rotary_dim, cfg.max_position_embeddings)
     keep = {p: p.data for name, p in model.named_parameters() if name.endswith(deepseek_weights.FLOAT32_SUFFIXES)}
     quantized = [(m, name, b) for m in model.modules() for name, b in m._buffers.items() if b is not None]
     quantized = [(m, name, b) for m, name, b in quantized if b.dtype == torch.float16]  # scales and mins

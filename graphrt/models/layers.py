@@ -109,9 +109,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     transformers' x * cos + rotate_half(x) * sin, written per half: the same roundings (a + (-b)
     is a - b), and no rotated copy of x for a compiled step to store and read back."""
     half = cos.shape[-1]
-    cos, sin = cos[:, None, :], sin[:, None, :]
     x1, x2, x_pass = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
-    parts = (x1 * cos - x2 * sin, x2 * cos + x1 * sin)
+    parts = _turned(x1, x2, cos, sin)
     return torch.cat(parts if x_pass.shape[-1] == 0 else (*parts, x_pass), dim=-1)
 
 
@@ -119,9 +118,13 @@ def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     """DeepSeek's interleaved rotation of x [T, heads, rot]: pairs (x0, x1), (x2, x3), … each turned
     by one frequency, the results laid out as [evens' rotation, odds' rotation] (transformers'
     spelling; q and k share the layout, so their dot products are those of the pairs)."""
+    return torch.cat(_turned(x[..., 0::2], x[..., 1::2], cos, sin), dim=-1)
+
+
+def _turned(x1: torch.Tensor, x2: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each pair (x1[..., i], x2[..., i]) [T, heads, rot/2] turned by its frequency's angle."""
     cos, sin = cos[:, None, :], sin[:, None, :]
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
 
 
 class GatedMLP(nn.Module):

@@ -280,6 +280,7 @@ class LLMEngine(EngineStartup):
         if self.page_warmer is not None:
             self.page_warmer.nudge()  # the blocks just handed out may bring its frontier closer
         if out.is_empty:
+            self.runner.update_states(out)  # the requests finished since the last step leave the runner
             return []
         try:
             result = self.runner.execute(out)
@@ -294,7 +295,8 @@ class LLMEngine(EngineStartup):
         for req in self.scheduler.after_step(out, result.num_rejected):
             tracked = self._tracked[req.request_id]
             drafted = len(out.draft_token_ids.get(req.request_id, ()))
-            accepted = drafted - result.num_rejected.get(req.request_id, 0)
+            # (a burst's steps not run are rejected too, with no drafts)
+            accepted = drafted - result.num_rejected.get(req.request_id, 0) if drafted else 0
             req.num_draft_tokens += drafted
             req.num_accepted_tokens += accepted
             req.num_draft_misses += accepted < drafted

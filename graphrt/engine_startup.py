@@ -27,6 +27,7 @@ from graphrt.models.packed import use_packed_bf16
 from graphrt.models.quantized import use_quant_tiles
 from graphrt.multimodal.merge import install as install_mm
 from graphrt.passes import PassManager
+from graphrt.runner.decode_burst import DECODE_BURST
 from graphrt.runner.graph_cache import CaptureSizes, GraphCache
 from graphrt.runner.graph_key import GraphKey
 from graphrt.runner.huge_pages import in_huge_page_block, move_to_huge_pages
@@ -276,6 +277,8 @@ class EngineStartup:
         self.blocks = BlockManager(self.kv_plan.num_blocks, self.block_size, self.config.cache.enable_prefix_caching)
         self.page_warmer = self.start_page_warmer()
         self.scheduler = Scheduler(self.sched_config, self.blocks, self.lora)
+        if self.spec is None and self.mm_buffers is None:  # drafts and images are loaded step by step
+            self.scheduler.decode_burst = DECODE_BURST
         self.runner = ModelRunner(
             self.step_module,
             self.kv_caches,

@@ -42,15 +42,17 @@ def run_graphrt(llm, prompts: list[list[int]], gen_len: int, loras: list | None 
         with StealMeter() as meter:
             while engine.has_unfinished():
                 inside.clear()
+                made = [len(engine.output(r).token_ids) for r in ids]
                 t = time.perf_counter()
                 engine.step()
                 dt = time.perf_counter() - t
                 if ttft is None:
                     if all(engine.output(r).token_ids for r in ids):
                         ttft = time.perf_counter() - start
-                else:
-                    steps.append(dt)
-                    graph_s.append(sum(inside))
+                else:  # a decode burst's time shared by its decode steps (tokens a row)
+                    n = max(len(engine.output(r).token_ids) - m for r, m in zip(ids, made)) or 1
+                    steps += [dt / n] * n
+                    graph_s += [sum(inside) / n] * n
         total = time.perf_counter() - start
         tokens = sum(len(engine.output(r).token_ids) for r in ids)
         outputs = [engine.output(r).token_ids for r in ids]

@@ -54,6 +54,18 @@ class Request:
         return keys
 
     @property
+    def can_burst(self) -> bool:
+        """Whether its decode steps may run as a burst: not with a grammar (its mask follows each
+        token) or the likeliest alternatives of each token (computed from the step's hidden states)."""
+        return not self.params.has_constraint and self.params.num_top_logprobs == 0
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """The tokens that end it when sampled (its end-of-sequence ones unless ignore_eos)."""
+        p = self.params
+        return frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else frozenset(self.eos_token_ids))
+
+    @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 

@@ -1,4 +1,6 @@
 """Continuous batching with chunked prefill, decode-first priority and preemption by recompute.
+A step of decoding rows only, with no request waiting, may be a decode burst: several decode
+steps run by the runner in turn, so that the host's per-step work is paid once for them.
 
 Pure Python, no torch. Each ``schedule()`` fills one step under ``max_num_seqs`` and
 ``max_num_batched_tokens``: running requests first (decodes and prefill continuations, oldest
@@ -54,6 +56,9 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int]  # in step order
     finished_request_ids: frozenset[str]  # finished, aborted or preempted since the last step
     draft_token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)  # scheduled drafts
+    # a decode burst: every row decodes this many tokens in turn, one graph replay each, within
+    # one step (num_scheduled_tokens holds the burst's length a row)
+    decode_steps: int = 1
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -77,6 +82,8 @@ class Scheduler:
         self.config = config
         self.blocks = blocks
         self.adapters = adapters  # a LoRAManager when LoRA adapters are served
+        # the longest decode burst (1: none); the engine sets it where its steps allow bursts
+        self.decode_burst = 1
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -177,6 +184,7 @@ class Scheduler:
             drafts = {}
         for req in self.running:
             req.draft_token_ids = []
+        steps = self._decode_burst(scheduled) if not drafts and not self.waiting else 1
 
         # 3. Describe the step for the runner: full data for requests it has not seen, changes
         #    for the rest.
@@ -206,7 +214,9 @@ class Scheduler:
                     )
                 )
                 view.num_blocks, view.num_tokens = len(table), req.num_tokens
-        out = SchedulerOutput(tuple(new_reqs), tuple(cached), scheduled, frozenset(self._finished_since_step), drafts)
+        out = SchedulerOutput(
+            tuple(new_reqs), tuple(cached), scheduled, frozenset(self._finished_since_step), drafts, steps
+        )
         self._finished_since_step.clear()
         return out
 
@@ -220,6 +230,31 @@ class Scheduler:
             return 0
         drafts[req.request_id] = d
         return len(d)
+
+    def _decode_burst(self, scheduled: dict[str, int]) -> int:
+        """A step whose every row decodes (one token, its last) and may burst, with nobody waiting
+        to be admitted between its tokens, runs as a burst of up to ``decode_burst`` decode steps:
+        as long as every row can take (its max_tokens, max_model_len) and the free blocks hold,
+        never by preempting. Returns the burst's length (1: a plain step); ``scheduled`` then
+        holds it for every row."""
+        steps = self.decode_burst
+        if steps < 2 or not scheduled:
+            return 1
+        for rid, n in scheduled.items():
+            req = self.requests[rid]
+            if n != 1 or req.num_tokens - req.num_computed_tokens != 1 or not req.can_burst:
+                return 1
+            left = min(req.params.max_tokens - len(req.output_token_ids), self.config.max_model_len - req.num_tokens)
+            steps = min(steps, left)
+        if steps < 2:
+            return 1
+        for rid in scheduled:  # blocks taken for a burst that then fails stay with their requests
+            req = self.requests[rid]
+            if self.blocks.allocate(rid, req.num_computed_tokens + steps) is None:
+                return 1
+        for rid in scheduled:
+            scheduled[rid] = steps
+        return steps
 
     def _drop_adapter(self, req: Request) -> None:
         if req.lora_slot >= 0:
@@ -240,7 +275,8 @@ class Scheduler:
 
     def after_step(self, out: SchedulerOutput, num_rejected: dict[str, int] | None = None) -> list[Request]:
         """Advance every scheduled request by its tokens, less its rejected drafts (their K/V is
-        never read: it lies past the request's length and is overwritten); returns the requests
+        never read: it lies past the request's length and is overwritten) or the steps of a burst
+        that ended early (at a stop token); returns the requests
         whose prompt is done and so sampled this step. Only blocks full of known tokens are
         published to the prefix cache (accepted drafts join the next step's publication)."""
         sampled = []

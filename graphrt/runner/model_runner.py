@@ -2,17 +2,20 @@
 
 ``execute`` reads as the step's table of contents: update states, choose the step kind, prepare
 the host batch, dispatch it to a graph key, load the key's buffers, run the key's graph, read the
-tokens back; the whole of it is timed per key, host work included, for the drafter's cost model.
+tokens back (and in a decode burst replay it for the burst's further steps, ``decode_burst.py``);
+the whole of it is timed per key, host work included, for the drafter's cost model.
 What differs between step kinds lives in the step objects (``steps.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
 
 from graphrt.core.scheduler import SchedulerOutput
+from graphrt.runner.decode_burst import run_burst
 from graphrt.runner.graph_cache import GraphCache
 from graphrt.runner.request_table import RequestTable
 from graphrt.runner.step_module import StepModule
@@ -59,13 +62,19 @@ class ModelRunner:
         step = self.steps["verify" if out.draft_token_ids else "main"]
         batch = step.prepare(self.table, out, self.bitmask_provider)
         key = self.graphs.dispatch(batch, step.kind)
-        self.graphs.buffers(key).load(batch)
+        buffers = self.graphs.buffers(key)
+        buffers.load(batch)
         if self.adapter_slots is not None:
             self.adapter_slots.load_rows(batch.lora_slots)
         if self.mm_buffers is not None:
             self.mm_buffers.load(batch.token_req, batch.positions, batch.req_ids, self.table.mm_input.get)
-        result = step.read(batch, self.graphs.run(key, step.eager, self.kv_caches))
-        self.step_times.record(key, time.perf_counter() - start)  # host work included
+        replay = functools.partial(self.graphs.run, key, step.eager, self.kv_caches)
+        result = step.read(batch, replay())
+        steps = 1
+        if out.decode_steps > 1:
+            result = run_burst(result, batch, buffers, out.decode_steps, replay, self.table.stop_ids)
+            steps = out.decode_steps - max(result.num_rejected.values(), default=0)
+        self.step_times.record(key, (time.perf_counter() - start) / steps)  # host work included, a step's
         return result
 
     def draft(self, out: SchedulerOutput, last: ModelRunnerOutput, rows, block_ids) -> dict:

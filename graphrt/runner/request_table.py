@@ -28,6 +28,7 @@ class RequestTable:
         self.seed = np.zeros(s, dtype=np.int64)
         self.lora_slot = np.full(s, -1, dtype=np.int64)  # adapter slot (−1: the base model)
         self.mm_input: dict[str, object] = {}  # request id → its images (MultiModalInput)
+        self.stop_ids: dict[str, frozenset[int]] = {}  # request id → the tokens that end it (bursts)
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self.slot_of
@@ -52,6 +53,7 @@ class RequestTable:
         self.lora_slot[s] = new.request.lora_slot
         if new.request.mm_input is not None:
             self.mm_input[new.request_id] = new.request.mm_input
+        self.stop_ids[new.request_id] = new.request.stop_token_ids
 
     def update(self, c: CachedRequestData) -> None:
         s = self.slot_of[c.request_id]
@@ -65,6 +67,7 @@ class RequestTable:
     def remove(self, request_id: str) -> None:
         s = self.slot_of.pop(request_id, None)
         self.mm_input.pop(request_id, None)
+        self.stop_ids.pop(request_id, None)
         if s is not None:
             self.block_table[s] = 0
             self._free_slots.append(s)

@@ -39,10 +39,11 @@ class MainStep:
         t = table
         req_ids = tuple(out.num_scheduled_tokens)
         slots = np.array([t.slot_of[r] for r in req_ids], dtype=np.int64)
-        positions, token_req, qsl, seq_lens = token_layout(
-            t.num_computed[slots], list(out.num_scheduled_tokens.values())
-        )
-        width = max(1, -(-int(seq_lens.max()) // self.block_size))
+        # a decode burst's first step: one token a row, the block tables wide enough for its last
+        burst = out.decode_steps - 1
+        counts = [1] * len(req_ids) if burst else list(out.num_scheduled_tokens.values())
+        positions, token_req, qsl, seq_lens = token_layout(t.num_computed[slots], counts)
+        width = max(1, -(-(int(seq_lens.max()) + burst) // self.block_size))
         samples = seq_lens >= t.num_tokens[slots]
         bitmask = bitmask_provider(req_ids, samples) if bitmask_provider is not None else None
         return StepBatch(

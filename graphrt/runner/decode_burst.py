@@ -28,14 +28,26 @@ from graphrt.runner.steps import ModelRunnerOutput
 DECODE_BURST = 4
 
 
-def advance(buffers: InputBuffers, tokens: list[int]) -> None:
-    """The key's buffers after one decode step of ``len(tokens)`` rows (one token a row): each
+# the buffers a further step changes, as ``advance`` takes them
+ADVANCED = ("input_ids", "positions", "seq_lens", "offsets")
+
+
+def views(buffers: InputBuffers) -> tuple[memoryview, ...]:
+    """The ADVANCED buffers as memoryviews: set item by item from Python they cost 7-14 µs a step
+    at 1-32 rows, where numpy's four slice operations cost 20-24 µs (both cold, as between two
+    replays of a step's graph, whose weight streams evict them)."""
+    return tuple(memoryview(buffers.host[n]) for n in ADVANCED)
+
+
+def advance(advanced: tuple[memoryview, ...], tokens: list[int]) -> None:
+    """The buffers (``views``) after one decode step of ``len(tokens)`` rows, one token a row: each
     row's sampled token in, its position, length and sampling offset one further."""
-    host, r = buffers.host, len(tokens)
-    host["input_ids"][:r] = tokens
-    host["positions"][:r] += 1
-    host["seq_lens"][:r] += 1
-    host["offsets"][:r] += 1
+    ids, positions, seq_lens, offsets = advanced
+    for i, token in enumerate(tokens):
+        ids[i] = token
+        positions[i] += 1
+        seq_lens[i] += 1
+        offsets[i] += 1
 
 
 def run_burst(
@@ -50,9 +62,10 @@ def run_burst(
     further step, up to ``steps`` in all."""
     req_ids, r = batch.req_ids, batch.num_reqs
     tokens = [first.sampled[rid][0] for rid in req_ids]
+    advanced = views(buffers)
     done = 1
     while done < steps and not any(t in stop_ids[rid] for t, rid in zip(tokens, req_ids)):
-        advance(buffers, tokens)
+        advance(advanced, tokens)
         new_tokens, logprobs, *_ = replay()
         tokens, logprobs = new_tokens.tolist()[:r], logprobs.tolist()[:r]
         for i, rid in enumerate(req_ids):

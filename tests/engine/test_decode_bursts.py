@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from graphrt import SamplingParams
-from graphrt.runner.decode_burst import advance
+from graphrt.runner.decode_burst import advance, views
 from tests.helpers import EAGER_GRAPHS, make_llm
 from tests.oracle import hf_greedy, random_prompts
 
@@ -114,7 +114,7 @@ def test_advance_moves_each_row_one_token_on_and_leaves_the_padding():
         }
 
     b = Buffers()
-    advance(b, [41, 42])
+    advance(views(b), [41, 42])
     assert b.host["input_ids"].tolist() == [41, 42, 0, 0]
     assert b.host["positions"].tolist() == [10, 4, 0, 0]
     assert b.host["seq_lens"].tolist() == [11, 5, 0, 0]

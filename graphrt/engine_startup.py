@@ -277,7 +277,10 @@ class EngineStartup:
         self.blocks = BlockManager(self.kv_plan.num_blocks, self.block_size, self.config.cache.enable_prefix_caching)
         self.page_warmer = self.start_page_warmer()
         self.scheduler = Scheduler(self.sched_config, self.blocks, self.lora)
-        if self.spec is None and self.mm_buffers is None:  # drafts and images are loaded step by step
+        # decode bursts, where no step needs the one before it read back: MTP drafts from each
+        # step's hidden states, and image embeddings are loaded a step at a time (a step with
+        # n-gram drafts verifies them instead)
+        if self.mtp_module is None and self.mm_buffers is None:
             self.scheduler.decode_burst = DECODE_BURST
         self.runner = ModelRunner(
             self.step_module,

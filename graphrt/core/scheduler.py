@@ -275,10 +275,10 @@ class Scheduler:
 
     def after_step(self, out: SchedulerOutput, num_rejected: dict[str, int] | None = None) -> list[Request]:
         """Advance every scheduled request by its tokens, less its rejected drafts (their K/V is
-        never read: it lies past the request's length and is overwritten) or the steps of a burst
-        that ended early (at a stop token); returns the requests
-        whose prompt is done and so sampled this step. Only blocks full of known tokens are
-        published to the prefix cache (accepted drafts join the next step's publication)."""
+        never read: it lies past the request's length and is overwritten) or the steps a burst
+        did not run (it ended at a stop token); returns the requests whose prompt is done and so
+        sampled this step. Only blocks full of known tokens are published to the prefix cache
+        (accepted drafts, and a burst's tokens, join the next step's publication)."""
         sampled = []
         rejected = num_rejected or {}
         for rid, n in out.num_scheduled_tokens.items():

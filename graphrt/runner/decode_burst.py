@@ -1,4 +1,4 @@
-"""DecodeBurst: a decode step's further steps, replayed on the same graph key within one engine step.
+"""Decode bursts: a decode step's further steps, replayed on the same graph key within one engine step.
 
 A step of decoding rows spends a few hundred microseconds of host work around its graph: the
 schedule, the batch, the buffers, the tokens through the stop checks. In a burst (the scheduler's

@@ -89,6 +89,32 @@ def test_a_stop_string_inside_a_burst_cuts_the_output_where_single_steps_do(tiny
     assert burst == outputs(llm, [prompt], params) and burst[0][2] == "stop"
 
 
+def test_an_ngram_engine_bursts_where_it_has_no_drafts_and_verifies_where_it_has(tiny_model):
+    path = tiny_model("llama_gqa")
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    spec = make_llm(path, kv_cache_memory=4_000_000, speculative_config=ngram)
+    spec.engine.proposer.cost_ratio = lambda rows: 1.0  # every step with drafts verifies them
+    counts = counting_bursts(spec)
+    drafted = []
+    execute = spec.engine.runner.execute
+    spec.engine.runner.execute = lambda out: drafted.append(bool(out.draft_token_ids)) or execute(out)
+    prompts = [[5, 6, 7, 8] * 5, *random_prompts([7], seed=5)]  # one repeats itself, one does not
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    got = [o.token_ids for o in spec.generate(prompts, params)]
+    plain = make_llm(path, kv_cache_memory=4_000_000)
+    plain.engine.scheduler.decode_burst = 1
+    assert got == [o.token_ids for o in plain.generate(prompts, params)]
+    assert any(drafted) and max(counts) > 1
+
+
+def test_an_mtp_engine_decodes_a_step_at_a_time(tmp_path):
+    from tests.tiny_models import save_tiny_with_mtp
+
+    path = save_tiny_with_mtp(str(tmp_path))
+    llm = make_llm(path, kv_cache_memory=4_000_000, speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+    assert llm.engine.scheduler.decode_burst == 1
+
+
 def test_requests_that_end_before_the_caller_stops_stepping_free_their_runner_slots(tiny_model):
     # A burst ends requests in fewer steps than their tokens; a step with nothing to run must still
     # let the runner forget them, or the next requests find no slot in its table.

@@ -60,7 +60,7 @@ class Request:
         return not self.params.has_constraint and self.params.num_top_logprobs == 0
 
     @property
-    def stop_token_ids(self) -> frozenset[int]:
+    def ending_token_ids(self) -> frozenset[int]:
         """The tokens that end it when sampled (its end-of-sequence ones unless ignore_eos)."""
         p = self.params
         return frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else frozenset(self.eos_token_ids))

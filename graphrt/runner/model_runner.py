@@ -74,7 +74,7 @@ class ModelRunner:
         if out.decode_steps > 1:
             result = run_burst(result, batch, buffers, out.decode_steps, replay, self.table.stop_ids)
             steps = out.decode_steps - max(result.num_rejected.values(), default=0)
-        self.step_times.record(key, (time.perf_counter() - start) / steps)  # host work included, a step's
+        self.step_times.record(key, (time.perf_counter() - start) / steps)  # a step, host work included
         return result
 
     def draft(self, out: SchedulerOutput, last: ModelRunnerOutput, rows, block_ids) -> dict:

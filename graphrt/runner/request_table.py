@@ -53,7 +53,7 @@ class RequestTable:
         self.lora_slot[s] = new.request.lora_slot
         if new.request.mm_input is not None:
             self.mm_input[new.request_id] = new.request.mm_input
-        self.stop_ids[new.request_id] = new.request.stop_token_ids
+        self.stop_ids[new.request_id] = new.request.ending_token_ids
 
     def update(self, c: CachedRequestData) -> None:
         s = self.slot_of[c.request_id]

@@ -26,3 +26,14 @@ def drafting_always(llm):
     measured choice, tested on its own in tests/spec/test_drafter.py)."""
     llm.engine.proposer.cost_ratio = lambda rows: 1.0
     return llm
+
+
+def stop_token_case(path, at: int):
+    """An eager engine over ``path``, a 9-token prompt, transformers' 20 greedy tokens after it,
+    the token at ``at`` of those as a stop token, and where it first occurs."""
+    from tests.oracle import hf_greedy, random_prompts
+
+    llm = make_llm(path, kv_cache_memory=4_000_000)
+    prompt = random_prompts([9], seed=12)[0]
+    full = hf_greedy(path, prompt, 20)
+    return llm, prompt, full, full[at], full.index(full[at])

@@ -8,8 +8,8 @@ import pytest
 
 from graphrt import SamplingParams
 from graphrt.runner.decode_burst import advance, views
-from tests.helpers import EAGER_GRAPHS, make_llm
-from tests.oracle import hf_greedy, random_prompts
+from tests.helpers import EAGER_GRAPHS, make_llm, stop_token_case
+from tests.oracle import random_prompts
 
 
 def counting_bursts(llm) -> collections.Counter:
@@ -58,12 +58,7 @@ def test_bursts_give_what_single_steps_give(tiny_model, graphs):
 
 
 def test_a_stop_token_ends_the_burst_and_no_step_is_wasted(tiny_model):
-    path = tiny_model("llama_gqa")
-    llm = make_llm(path, kv_cache_memory=4_000_000)
-    prompt = random_prompts([9], seed=12)[0]
-    full = hf_greedy(path, prompt, 20)
-    stop_at = full[6]
-    first = full.index(stop_at)
+    llm, prompt, full, stop_at, first = stop_token_case(tiny_model("llama_gqa"), 6)
     replays = []
     run = llm.engine.graphs.run
     llm.engine.graphs.run = lambda *a: replays.append(1) or run(*a)

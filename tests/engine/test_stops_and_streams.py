@@ -3,7 +3,7 @@
 import torch
 
 from graphrt import SamplingParams
-from tests.helpers import make_llm
+from tests.helpers import make_llm, stop_token_case
 from tests.oracle import hf_greedy, hf_model, random_prompts
 
 
@@ -25,12 +25,7 @@ def test_eos_ends_generation_where_transformers_does(tiny_model):
 
 
 def test_stop_token_ids_and_max_tokens(tiny_model):
-    path = tiny_model("llama_gqa")
-    llm = make_llm(path, kv_cache_memory=4_000_000)
-    prompt = random_prompts([9], seed=12)[0]
-    full = hf_greedy(path, prompt, 20)
-    stop_at = full[5]
-    first = full.index(stop_at)
+    llm, prompt, full, stop_at, first = stop_token_case(tiny_model("llama_gqa"), 5)
     out = llm.generate(
         [prompt], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop_token_ids=[stop_at])
     )[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 
 from graphrt.sampling_params import SamplingParams
@@ -59,9 +60,10 @@ class Request:
         token) or the likeliest alternatives of each token (computed from the step's hidden states)."""
         return not self.params.has_constraint and self.params.num_top_logprobs == 0
 
-    @property
+    @functools.cached_property
     def ending_token_ids(self) -> frozenset[int]:
-        """The tokens that end it when sampled (its end-of-sequence ones unless ignore_eos)."""
+        """The tokens that end it when sampled (its end-of-sequence ones unless ignore_eos): the
+        engine's stop check and a decode burst's end both read it."""
         p = self.params
         return frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else frozenset(self.eos_token_ids))
 

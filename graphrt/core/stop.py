@@ -8,9 +8,7 @@ from graphrt.core.request import Request
 def token_stop_reason(req: Request, token: int, max_model_len: int) -> str | None:
     """Checked after each appended token; the stopping token stays in token_ids."""
     p = req.params
-    if token in p.stop_token_ids:
-        return "stop"
-    if not p.ignore_eos and token in req.eos_token_ids:
+    if token in req.ending_token_ids:
         return "stop"
     if len(req.output_token_ids) >= p.max_tokens:
         return "length"

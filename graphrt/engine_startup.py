@@ -31,7 +31,13 @@ from graphrt.runner.decode_burst import DECODE_BURST
 from graphrt.runner.graph_cache import CaptureSizes, GraphCache
 from graphrt.runner.graph_key import GraphKey
 from graphrt.runner.huge_pages import in_huge_page_block, move_to_huge_pages
-from graphrt.runner.kv_cache import KVCachePlan, allocate_kv_caches, bytes_per_block, plan_kv_cache
+from graphrt.runner.kv_cache import (
+    KVCachePlan,
+    allocate_kv_caches,
+    bytes_per_block,
+    plan_kv_cache,
+    resolve_kv_cache_dtype,
+)
 from graphrt.runner.model_runner import ModelRunner
 from graphrt.runner.page_warmer import KVPageWarmer, populate_supported
 from graphrt.runner.profile_run import worst_case_step_memory
@@ -134,6 +140,8 @@ class EngineStartup:
         num_seqs = adopt(c.max_num_seqs, shipped, "max_num_seqs")
         num_tokens = adopt(c.max_num_batched_tokens, shipped, "max_num_batched_tokens")
         self.block_size = adopt(c.cache.block_size, shipped, "block_size")
+        kv_name = adopt(c.cache.kv_cache_dtype, shipped, "kv_cache_dtype")
+        self.kv_dtype = resolve_kv_cache_dtype(kv_name, self.dtype, cfg, c.backend)
         spec_k = c.speculative_config.num_speculative_tokens if c.speculative_config is not None else 0
         self.sched_config = SchedulerConfig(
             num_seqs, min(num_tokens, self.max_model_len), self.max_model_len, num_seqs * (spec_k + 1) if spec_k else 0
@@ -157,6 +165,7 @@ class EngineStartup:
             c.grammar_backend,
             c.speculative_config.num_speculative_tokens if c.speculative_config is not None else 0,
             c.speculative_config.method if c.speculative_config is not None else "",
+            "auto" if self.kv_dtype == self.dtype else str(self.kv_dtype).removeprefix("torch."),
         )
         self.max_blocks = -(-self.max_model_len // self.block_size)
         self.spec = c.speculative_config
@@ -239,7 +248,7 @@ class EngineStartup:
         if self.config.cache.kv_cache_memory is not None:
             return self.config.cache.kv_cache_memory
         if self.shipped is not None and self.shipped.kv_num_blocks and self.shipped.block_size == self.block_size:
-            return self.shipped.kv_num_blocks * bytes_per_block(self.kv_config, self.block_size, self.dtype)
+            return self.shipped.kv_num_blocks * bytes_per_block(self.kv_config, self.block_size, self.kv_dtype)
         return None
 
     def profile_key(self) -> dict:
@@ -248,6 +257,7 @@ class EngineStartup:
         return {
             "model": self.settings.model,
             "dtype": self.settings.dtype,
+            "kv_cache_dtype": self.settings.kv_cache_dtype,
             "tokens": s.max_num_batched_tokens,
             "seqs": s.max_num_seqs,
             "max_blocks": self.max_blocks,
@@ -260,7 +270,7 @@ class EngineStartup:
     def profile_run(self) -> int:
         """The worst-case step's peak memory growth in bytes (``runner/profile_run.py``)."""
         self.activation_peak = worst_case_step_memory(
-            self.step_module, self.graphs, self.sched_config, self.loaded.config, self.dtype, self.block_size
+            self.step_module, self.graphs, self.sched_config, self.loaded.config, self.kv_dtype, self.block_size
         )
         encoder = self.loaded.encoder
         if encoder is not None:  # a prompt's images are encoded before its step, their embeddings kept
@@ -270,9 +280,9 @@ class EngineStartup:
 
     def initialize_kv_cache(self) -> KVCachePlan:
         cache = dataclasses.replace(self.config.cache, block_size=self.block_size, kv_cache_memory=self.kv_budget())
-        self.kv_plan = plan_kv_cache(self.kv_config, cache, self.dtype, self.max_model_len, self.activation_peak)
+        self.kv_plan = plan_kv_cache(self.kv_config, cache, self.kv_dtype, self.max_model_len, self.activation_peak)
         self.kv_caches = allocate_kv_caches(
-            self.kv_config, self.kv_plan.num_blocks, self.block_size, self.dtype, self.config.huge_pages
+            self.kv_config, self.kv_plan.num_blocks, self.block_size, self.kv_dtype, self.config.huge_pages
         )
         self.blocks = BlockManager(self.kv_plan.num_blocks, self.block_size, self.config.cache.enable_prefix_caching)
         self.page_warmer = self.start_page_warmer()

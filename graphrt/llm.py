@@ -61,6 +61,7 @@ class LLM:
         enable_prompt_embeds: bool = False,
         huge_pages: bool = True,
         prefault_kv_cache: bool = False,
+        kv_cache_dtype: str | None = None,
     ) -> None:
         """Load ``model`` and start serving it. Settings left as None come from a shipped graph
         cache (``graph_cache=DIR``, as ``graphrt precompile`` wrote it) when there is one, else
@@ -80,10 +81,15 @@ class LLM:
         steps pay for the pages: ``graphrt generate``, a one-off, turns it off). The KV cache's pages
         are faulted in on a thread just ahead of the blocks handed out (in huge pages);
         ``prefault_kv_cache``: all of them, from start-up, so that a server reaches its steady
-        speed once they are in (SmolLM2's 2.4 GB: seconds to a minute of background faults)."""
+        speed once they are in (SmolLM2's 2.4 GB: seconds to a minute of background faults).
+        ``kv_cache_dtype``: "auto" keeps K/V in the model's dtype; "bfloat16" under a float32 model
+        halves the cache (twice the tokens in a budget, half the K/V a decode step reads), rounding
+        K/V to bf16 on the write while q, the scores and the outputs stay float32."""
         if not isinstance(limit_mm_per_prompt, int) or isinstance(limit_mm_per_prompt, bool) or limit_mm_per_prompt < 0:
             raise ValueError(f"limit_mm_per_prompt must be an int >= 0, got {limit_mm_per_prompt!r}")
-        cache = CacheConfig(block_size, kv_cache_memory, kv_cache_fraction, enable_prefix_caching, prefault_kv_cache)
+        cache = CacheConfig(
+            block_size, kv_cache_memory, kv_cache_fraction, enable_prefix_caching, prefault_kv_cache, kv_cache_dtype
+        )
         config = EngineConfig(
             model,
             dtype,

@@ -17,7 +17,13 @@ from dataclasses import asdict, dataclass, fields
 
 from graphrt.runner.graph_cache import CaptureSizes, GraphCache
 
-DEFAULTS = {"dtype": "float32", "max_num_seqs": 8, "max_num_batched_tokens": 256, "block_size": 16}
+DEFAULTS = {
+    "dtype": "float32",
+    "max_num_seqs": 8,
+    "max_num_batched_tokens": 256,
+    "block_size": 16,
+    "kv_cache_dtype": "auto",
+}
 # What changes a graph's code or its input shapes; the rest is served by the same graphs.
 SHAPING = (
     "model",
@@ -29,6 +35,7 @@ SHAPING = (
     "grammar_backend",
     "speculative_tokens",
     "speculative_method",
+    "kv_cache_dtype",
 )
 
 
@@ -55,6 +62,7 @@ class ServingSettings:
     grammar_backend: str
     speculative_tokens: int = 0  # draft slots a verify graph holds; 0: no verify graphs
     speculative_method: str = ""  # "ngram", "mtp" (MTP graphs, main graphs that return hidden states)
+    kv_cache_dtype: str = "auto"  # "auto": the model's dtype; else the caches' (graph inputs of that dtype)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -99,7 +107,15 @@ def differences(wanted: ServingSettings, shipped: ServingSettings) -> list[str]:
 def graphs_to_build(diffs: list[str], wanted_keys: list, shipped: ServingSettings) -> int:
     """How many of the wanted graphs a cache built with ``shipped`` lacks: all of them when a
     setting that changes code differs, else those of other sizes or row counts."""
-    changes_code = {"model", "dtype", "block_size", "passes_disabled", "grammar_backend", "speculative_method"}
+    changes_code = {
+        "model",
+        "dtype",
+        "block_size",
+        "passes_disabled",
+        "grammar_backend",
+        "speculative_method",
+        "kv_cache_dtype",
+    }
     if any(d.split(":")[0] in changes_code for d in diffs):
         return len(wanted_keys)
     built = GraphCache(shipped.capture_sizes, shipped.max_num_seqs, 1, 1, shipped.speculative_tokens).all_keys()

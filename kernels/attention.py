@@ -48,13 +48,14 @@ def _(q, k, v, k_cache, v_cache, slot_mapping, block_tables, seq_lens, query_sta
     return torch.empty_like(q)
 
 
-def _gather(cache: torch.Tensor, block_row: torch.Tensor, length: int) -> torch.Tensor:
-    """[..., nblocks] block ids → that sequence's first ``length`` cache rows [..., L, Hkv, D]."""
+def _gather(cache: torch.Tensor, block_row: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """[..., nblocks] block ids → that sequence's first ``length`` cache rows [..., L, Hkv, D], in
+    ``dtype`` (q's: a bf16 cache under an fp32 model is widened)."""
     block_size = cache.shape[1]
     num_blocks = -(-length // block_size)
     rows = cache[block_row[..., :num_blocks].long()]  # [..., nb, bs, Hkv, D]
     rows = rows.reshape(*rows.shape[:-4], num_blocks * block_size, *cache.shape[2:])
-    return rows[..., :length, :, :]
+    return rows[..., :length, :, :].to(dtype)
 
 
 def _attend_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
@@ -67,8 +68,8 @@ def _attend_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
         # Decode rows together: one batched attention, keys padded to the longest and masked.
         idx = torch.tensor(decode_rows)
         max_len = max(lens[r] for r in decode_rows)
-        keys = _gather(k_cache, block_tables[idx], max_len).transpose(1, 2)  # [n, Hkv, L, D]
-        values = _gather(v_cache, block_tables[idx], max_len).transpose(1, 2)
+        keys = _gather(k_cache, block_tables[idx], max_len, q.dtype).transpose(1, 2)  # [n, Hkv, L, D]
+        values = _gather(v_cache, block_tables[idx], max_len, q.dtype).transpose(1, 2)
         valid = torch.arange(max_len)[None, :] < seq_lens[idx].long()[:, None]  # [n, L]
         tok = torch.tensor([qsl[r] for r in decode_rows])
         res = F.scaled_dot_product_attention(
@@ -85,8 +86,8 @@ def _attend_torch(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
         q_len = end - start
         if q_len == 0 or seq_len == 0 or (q_len == 1 and r in decode_rows):
             continue
-        keys = _gather(k_cache, block_tables[r], seq_len).transpose(0, 1)  # [Hkv, L, D]
-        values = _gather(v_cache, block_tables[r], seq_len).transpose(0, 1)
+        keys = _gather(k_cache, block_tables[r], seq_len, q.dtype).transpose(0, 1)  # [Hkv, L, D]
+        values = _gather(v_cache, block_tables[r], seq_len, q.dtype).transpose(0, 1)
         query = q[start:end].transpose(0, 1)  # [H, q_len, D]
         if q_len == seq_len:
             res = F.scaled_dot_product_attention(
@@ -130,7 +131,8 @@ def paged_attention(
     checks.check_dim("query_start_loc", query_start_loc, 0, block_tables.shape[0] + 1, "num_reqs + 1")
     for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
         checks.check_int(name, t)
-    checks.check_same_dtype(("q", "k_cache", "v_cache"), (q, k_cache, v_cache))
+    checks.check_same_dtype(("k_cache", "v_cache"), (k_cache, v_cache))
+    checks.check_cache_dtype("q", q, "k_cache", k_cache)
     if (k is None) != (v is None) or (k is None) != (slot_mapping is None):
         raise checks.KernelArgumentError("k, v and slot_mapping must be given together (or none of them)")
     if k is not None:

@@ -87,5 +87,7 @@ def check_kv_write(k, v, k_cache, v_cache, slot_mapping) -> None:
     checks.check_ndim("slot_mapping", slot_mapping, 1, "[num_tokens]")
     checks.check_int("slot_mapping", slot_mapping)
     checks.check_dim("slot_mapping", slot_mapping, 0, k.shape[0], "num_tokens of k")
-    checks.check_same_dtype(("k", "v", "k_cache", "v_cache"), (k, v, k_cache, v_cache))
+    checks.check_same_dtype(("k", "v"), (k, v))
+    checks.check_same_dtype(("k_cache", "v_cache"), (k_cache, v_cache))
+    checks.check_cache_dtype("k", k, "k_cache", k_cache)
     checks.check_same_device(("k", "k_cache", "slot_mapping"), (k, k_cache, slot_mapping))

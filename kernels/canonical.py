@@ -26,15 +26,17 @@ def slot_mapping(
 
 def _write_gather_mask(k, v, k_cache, v_cache, slots, block_tables, seq_lens, query_start_loc, token_req):
     """The cache write at the slots, each token's K/V gathered through its row's block table
-    ([T, L, Hkv, D]), and the causal mask [T, L] of the keys each token may see."""
+    ([T, L, Hkv, D], in k's dtype), and the causal mask [T, L] of the keys each token may see. A
+    cache may hold a narrower dtype than k (a bf16 KV cache under an fp32 model): the write rounds
+    to it, the gather widens back."""
     num_tokens = token_req.shape[0]
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     write_at = slots.clamp(min=0)
-    k_cache.view(num_blocks * block_size, num_kv_heads, head_dim).index_copy_(0, write_at, k)
-    v_cache.view(num_blocks * block_size, num_kv_heads, head_dim).index_copy_(0, write_at, v)
+    k_cache.view(num_blocks * block_size, num_kv_heads, head_dim).index_copy_(0, write_at, k.to(k_cache.dtype))
+    v_cache.view(num_blocks * block_size, num_kv_heads, head_dim).index_copy_(0, write_at, v.to(v_cache.dtype))
     blocks = block_tables[token_req]
-    keys = k_cache[blocks].reshape(num_tokens, -1, num_kv_heads, head_dim)
-    values = v_cache[blocks].reshape(num_tokens, -1, num_kv_heads, head_dim)
+    keys = k_cache[blocks].reshape(num_tokens, -1, num_kv_heads, head_dim).to(k.dtype)
+    values = v_cache[blocks].reshape(num_tokens, -1, num_kv_heads, head_dim).to(v.dtype)
     token = torch.arange(num_tokens, device=k.device)
     last = seq_lens[token_req] - (query_start_loc[token_req + 1] - token)  # [T]
     context = torch.arange(keys.shape[1], device=k.device)

@@ -40,6 +40,16 @@ def check_same_dtype(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) 
         raise KernelArgumentError(f"{' and '.join(names)} must share a dtype, got {got}")
 
 
+def check_cache_dtype(name: str, t: torch.Tensor, cache_name: str, cache: torch.Tensor) -> None:
+    """A KV cache holds its model's dtype, or bfloat16 under a float32 model (a bf16 KV cache:
+    half the bytes; its values rounded on the write, widened on the read)."""
+    if cache.dtype != t.dtype and (t.dtype, cache.dtype) != (torch.float32, torch.bfloat16):
+        raise KernelArgumentError(
+            f"{cache_name} is {cache.dtype} under {name} of {t.dtype}: a cache holds {name}'s dtype, "
+            f"or torch.bfloat16 under torch.float32"
+        )
+
+
 def check_same_device(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
     devices = {t.device for t in tensors}
     if len(devices) > 1:

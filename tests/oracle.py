@@ -14,10 +14,28 @@ def hf_model(path: str):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def hf_greedy(path: str, prompt: list[int], max_new_tokens: int, eos: bool = False) -> list[int]:
+def bf16_kv_cache(model):
+    """A transformers cache that keeps K/V rounded to bf16 (and widened back), as graphrt's
+    ``kv_cache_dtype="bfloat16"`` does: every attention, the step's own keys included, reads them
+    rounded."""
+    from transformers import DynamicCache
+
+    class Bf16KV(DynamicCache):
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            def rounded(t):
+                return t.to(torch.bfloat16).to(t.dtype)
+
+            return super().update(rounded(key_states), rounded(value_states), layer_idx, *args, **kwargs)
+
+    return Bf16KV(config=model.config)
+
+
+def hf_greedy(path: str, prompt: list[int], max_new_tokens: int, eos: bool = False, bf16_kv: bool = False) -> list[int]:
     model = hf_model(path)
     ids = torch.tensor([prompt])
     kwargs = {} if eos else {"eos_token_id": None}
+    if bf16_kv:
+        kwargs["cache"] = bf16_kv_cache(model)
     with torch.no_grad():
         out = model.generate(
             ids,

@@ -3,8 +3,9 @@
 import json
 
 import pytest
+import torch
 
-from graphrt.bench.roofline import measure_bandwidth, pages_name, read_buffer, streaming_reads
+from graphrt.bench.roofline import decode_step_bytes, measure_bandwidth, pages_name, read_buffer, streaming_reads
 from graphrt.cli import main
 from graphrt.runner.huge_pages import huge_pages_available, in_huge_page_block
 
@@ -54,6 +55,25 @@ def test_bench_decode_writes_its_fields(tiny_tok_model, tmp_path):
     assert result["profile_shares"] and all(0 <= v < 1 for v in result["profile_shares"].values())
     assert result["machine"]["threads"] >= 1 and result["machine"]["torch"] and result["machine"]["cpu"]
     assert result["machine"]["quantized_layout"] in ("tiles", "plain")  # what a quantized engine holds here
+
+
+def test_bench_decode_over_a_bf16_kv_cache_counts_its_bytes(tiny_tok_model, tmp_path):
+    out = tmp_path / "decode.json"
+    args = ["--batch-sizes", "1", "--prompt-len", "8", "--gen-len", "6", "--backend", "eager", "--no-transformers"]
+    rc = main(["bench", "decode", "--model", tiny_tok_model, *args, "--kv-cache-dtype", "bfloat16", "--json", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["kv_cache_dtype"] == "bfloat16"
+    row = result["rows"][0]
+    # the roofline's step reads the weights and each row's K/V in the cache's dtype
+    assert row["roofline_tok_s"] > 0 and row["graphrt"]["decode_tok_s"] > 0
+
+    class Cfg:
+        num_layers, num_kv_heads, head_dim = 2, 1, 4
+
+    model = torch.nn.Linear(4, 4, bias=False)
+    kv16, kv32 = (decode_step_bytes(model, Cfg, 1, 10, d) - 64 for d in (torch.bfloat16, torch.float32))
+    assert (kv16, kv32) == (2 * 2 * 4 * 2 * 10, 2 * 2 * 4 * 4 * 10)
 
 
 def test_bench_grammar_reports_overhead(tiny_tok_model, tmp_path):

@@ -139,6 +139,7 @@ def bench_decode(
     quantizations: tuple[str, ...] = (),
     fresh_kv_pages: bool = False,
     huge_pages: bool = True,
+    kv_cache_dtype: str = "auto",
 ) -> dict:
     from graphrt.llm import LLM
     from graphrt.runner.graph_cache import CaptureSizes
@@ -157,6 +158,7 @@ def bench_decode(
         max_num_batched_tokens=budget,
         max_model_len=prompt_len + gen_len + 16,
         kv_cache_memory=None,
+        kv_cache_dtype=kv_cache_dtype,
         progress=True,
     )
     steady = dict(huge_pages=huge_pages)  # graphrt's engines: a long-running server's placement
@@ -213,7 +215,7 @@ def bench_decode(
                 qrow["llamacpp"] = llamacpp_q.run(prompts[0], gen_len)
                 qrow["ratio_vs_llamacpp"] = qrow["decode_tok_s"] / qrow["llamacpp"]["decode_tok_s"]
                 qrow["same_tokens_as_llamacpp"] = qrow["tokens"][0] == qrow["llamacpp"].pop("tokens")
-            q_bytes = decode_step_bytes(llm.engine.loaded.model, cfg, b, prompt_len + gen_len // 2, llm.engine.dtype)
+            q_bytes = decode_step_bytes(llm.engine.loaded.model, cfg, b, prompt_len + gen_len // 2, llm.engine.kv_dtype)
             qrow["weight_bytes"] = weight_bytes(llm.engine.loaded.model)
             qrow["roofline_tok_s"] = b * row["bandwidth_gb_s"] * 1e9 / q_bytes
             qrow["roofline_frac"] = qrow["decode_tok_s"] / qrow["roofline_tok_s"]
@@ -230,7 +232,7 @@ def bench_decode(
             row["ratio_vs_transformers"] = row["graphrt"]["decode_tok_s"] / row["transformers"]["decode_tok_s"]
             row["same_tokens_as_transformers"] = row["graphrt"]["tokens"] == row["transformers"]["tokens"]
         step_bytes = decode_step_bytes(
-            compiled.engine.loaded.model, cfg, b, prompt_len + gen_len // 2, compiled.engine.dtype
+            compiled.engine.loaded.model, cfg, b, prompt_len + gen_len // 2, compiled.engine.kv_dtype
         )
         row["roofline_tok_s"] = b * row["bandwidth_gb_s"] * 1e9 / step_bytes
         row["roofline_frac"] = row["graphrt"]["decode_tok_s"] / row["roofline_tok_s"]
@@ -245,6 +247,7 @@ def bench_decode(
         "prompt_len": prompt_len,
         "gen_len": gen_len,
         "kv_pages": "fresh" if fresh_kv_pages else "touched",
+        "kv_cache_dtype": str(compiled.engine.kv_dtype).removeprefix("torch."),
         "huge_pages": huge_pages,
         "bandwidth_pages": pages_name(huge_pages),  # the roofline's reads use the pages the weights sit in
         "rows": rows,

@@ -5,7 +5,9 @@ shipped with graphrt (the Declaration of Independence, about 1,700 SmolLM2 token
 log-probabilities of the whole passage as one prompt), and the greedy tokens of 128 steps after
 the passage's first sentence, compared position by position with fp32's. The formats come from
 one checkpoint: a quantized GGUF is dequantised for fp32 and bf16; int8 is the fp32 model
-quantized at load; int4 is a Q4 GGUF as stored (else the fp32 model quantized at load).
+quantized at load; int4 is a Q4 GGUF as stored (else the fp32 model quantized at load). One more
+format is not a weight format: ``float32-bf16kv``, fp32 weights over a bf16 KV cache
+(``kv_cache_dtype="bfloat16"``).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import time
 from graphrt.bench.common import machine_facts, print_facts
 
 PASSAGE = os.path.join(os.path.dirname(__file__), "data", "declaration_of_independence.txt")
-FORMATS = ("float32", "bfloat16", "int8", "int4")
+FORMATS = ("float32", "float32-bf16kv", "bfloat16", "int8", "int4")
 
 
 def _engine_args(fmt: str, model, float_model) -> tuple[object, dict]:
     from graphrt.bench.decode import quantized_source
 
+    if fmt == "float32-bf16kv":
+        return model, dict(dtype="float32", quantization="none", kv_cache_dtype="bfloat16")
     if fmt in ("float32", "bfloat16"):
         return model, dict(dtype=fmt, quantization="none")
     source, quantization = quantized_source(model, fmt, float_model)
@@ -83,7 +87,7 @@ def bench_quality(model: str | None, formats: tuple[str, ...] = FORMATS, gen_len
         vs = "" if base is None else f" ({100 * row['perplexity_vs_fp32']:+.2f}% vs fp32)"
         div = row["first_divergence"]
         print(
-            f"{row['format']:>8}: {row['weight_mb']:6.0f} MB of weights, perplexity {row['perplexity']:.4f}{vs} over "
+            f"{row['format']:>14}: {row['weight_mb']:6.0f} MB of weights, perplexity {row['perplexity']:.4f}{vs} over "
             f"{len(passage) - 1} tokens; greedy agreement with fp32 {100 * row['greedy_agreement']:.1f}% of "
             f"{gen_len} tokens" + ("" if div is None else f" (first difference at token {div})")
         )

@@ -89,7 +89,8 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *buffers))
 
 
-def decode_step_bytes(model: torch.nn.Module, cfg, batch: int, context: int, dtype: torch.dtype) -> int:
-    """Weights once per step (the tied LM head is the embedding) + every row's K/V read."""
-    kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize * context * batch
+def decode_step_bytes(model: torch.nn.Module, cfg, batch: int, context: int, kv_dtype: torch.dtype) -> int:
+    """Weights once per step (the tied LM head is the embedding) + every row's K/V read (in the
+    caches' dtype)."""
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * kv_dtype.itemsize * context * batch
     return weight_bytes(model) + kv

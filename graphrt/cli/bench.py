@@ -48,6 +48,12 @@ def add_parser(sub) -> None:
                 default=True,
                 help="graphrt's weights and KV caches in 2 MiB pages, as graphrt serve runs (default: on)",
             )
+            k.add_argument(
+                "--kv-cache-dtype",
+                default="auto",
+                choices=["auto", "float32", "bfloat16"],
+                help="graphrt's KV caches: the model's dtype, or bfloat16 under float32 weights",
+            )
         if name == "decode":
             k.add_argument("--plot", default=None, help="draw throughput against batch size into this PNG")
             k.add_argument("--no-transformers", action="store_true")
@@ -123,7 +129,11 @@ def add_parser(sub) -> None:
             k.add_argument("--port", type=int, default=8123)
             k.add_argument("--rounds", type=int, default=3, help="offline and served passes, alternated")
         if name == "quality":
-            k.add_argument("--formats", default="float32,bfloat16,int8,int4", help="weight formats, comma-separated")
+            k.add_argument(
+                "--formats",
+                default="float32,float32-bf16kv,bfloat16,int8,int4",
+                help="weight formats, comma-separated (float32-bf16kv: fp32 weights over a bf16 KV cache)",
+            )
             k.add_argument("--gen-len", type=int, default=128, help="greedy tokens compared with fp32's")
             k.add_argument(
                 "--backend",
@@ -163,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
             quantizations=tuple(q for q in getattr(args, "quantization", "").split(",") if q),
             fresh_kv_pages=getattr(args, "fresh_kv_pages", False),
             huge_pages=args.huge_pages,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
         if not roofline_only and args.plot:
             plot(result, args.plot)

@@ -25,6 +25,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help=unset + "256")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache")
+    p.add_argument(
+        "--kv-cache-dtype",
+        default=None,
+        choices=["auto", "float32", "bfloat16"],
+        help=unset + "auto (the model's dtype); bfloat16 under a float32 model halves the KV cache",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--huge-pages",
@@ -85,6 +91,7 @@ def llm_kwargs(args: argparse.Namespace) -> dict:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         kv_cache_memory=args.kv_cache_memory,
+        kv_cache_dtype=args.kv_cache_dtype,
         seed=args.seed,
         compile=not args.no_compile,
         backend=args.backend,

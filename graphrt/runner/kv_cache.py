@@ -33,6 +33,9 @@ class CacheConfig:
     # fault in every page of the cache from start-up, on a thread (runner/page_warmer.py); else
     # only those just ahead of the blocks handed out (caches in huge pages), or none
     prefault: bool = False
+    # the caches' dtype: "auto" (the model's), or "bfloat16" under a float32 model (half the bytes:
+    # twice the tokens in a budget, half a decode step's K/V read); None: a shipped cache's, else auto
+    kv_cache_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.block_size is not None and self.block_size < 1:
@@ -41,6 +44,32 @@ class CacheConfig:
             raise ValueError(f"kv_cache_memory={self.kv_cache_memory} must be a positive number of bytes")
         if not 0 < self.kv_cache_fraction <= 1:
             raise ValueError(f"kv_cache_fraction={self.kv_cache_fraction} must lie in (0, 1]")
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            known = list(KV_CACHE_DTYPES)
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not known; choose one of {known}")
+
+
+KV_CACHE_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, cfg: ModelConfig, backend: str) -> torch.dtype:
+    """The caches' dtype for ``kv_cache_dtype=name``: the model's, or bfloat16 under a float32
+    model (the paged-attention kernels round K/V on the write and widen them on the read; q, the
+    scores and the output stay float32). A latent (MLA) cache and TorchAir's attention keep the
+    model's dtype."""
+    wanted = KV_CACHE_DTYPES[name] or model_dtype
+    if wanted == model_dtype:
+        return model_dtype
+    if (model_dtype, wanted) != (torch.float32, torch.bfloat16):
+        raise ValueError(
+            f"kv_cache_dtype={name!r} under a {str(model_dtype).removeprefix('torch.')} model: a KV cache holds "
+            f"the model's dtype ('auto'), or 'bfloat16' under a float32 model"
+        )
+    if cfg.mla is not None:
+        raise ValueError(f"kv_cache_dtype={name!r}: {cfg.architecture}'s latent (MLA) cache keeps the model's dtype")
+    if backend == "torchair":
+        raise ValueError(f"kv_cache_dtype={name!r}: the torchair backend's attention keeps the model's dtype")
+    return wanted
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ def worst_case_step_memory(
     graphs: GraphCache,
     sched: SchedulerConfig,
     model_config: ModelConfig,
-    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
     block_size: int,
 ) -> int:
     """Run one dummy step (one long prefill row, the other rows decoding) on caches of its own;
@@ -28,7 +28,7 @@ def worst_case_step_memory(
     num_reqs = min(sched.max_num_seqs, num_tokens)
     lens = [num_tokens - (num_reqs - 1)] + [1] * (num_reqs - 1)
     blocks = BlockManager(num_reqs * graphs.max_blocks + 1, block_size, False)
-    caches = allocate_kv_caches(model_config, blocks.pool.num_blocks, block_size, dtype)
+    caches = allocate_kv_caches(model_config, blocks.pool.num_blocks, block_size, kv_dtype)
     runner = ModelRunner(step_module, caches, graphs, num_reqs, sched.max_model_len)
     new, scheduled = [], {}
     for i, n in enumerate(lens):

@@ -25,8 +25,11 @@ namespace {
 
 void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
               const at::Tensor& slot_mapping) {
-  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type(),
-              "graphrt::paged_attention: k/v and the caches must share a dtype");
+  // the caches hold k/v's dtype, or bf16 rounded from fp32 k/v (a bf16 KV cache under an fp32 model)
+  const bool narrow = k.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(k.scalar_type() == v.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type() &&
+                  (k.scalar_type() == k_cache.scalar_type() || narrow),
+              "graphrt::paged_attention: k/v and the caches must share a dtype (or be float32 into bfloat16 caches)");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "graphrt::paged_attention: caches must be contiguous");
   // k/v [T, ...] are often views of a fused projection's output: each token's row must be
   // contiguous, the tokens may be any distance apart (no copy of the whole tensor then)
@@ -42,7 +45,7 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
   const at::Tensor slots = as_contiguous(slot_mapping, at::kLong);
   const int64_t T = kc.size(0), row = kc.numel() / std::max<int64_t>(1, T);
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
-  const int64_t bytes = row * kc.element_size();
+  const int64_t bytes = row * k_cache.element_size();
   const int64_t kstride = kc.stride(0) * kc.element_size(), vstride = vc.stride(0) * vc.element_size();
   const int64_t* sp = slots.data_ptr<int64_t>();
   char* kd = static_cast<char*>(k_cache.data_ptr());
@@ -53,8 +56,16 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
     const int64_t s = sp[t];
     if (s < 0) continue;
     TORCH_CHECK(s < num_slots, "graphrt::paged_attention: slot ", s, " is outside the cache's ", num_slots, " slots");
-    std::memcpy(kd + s * bytes, ks + t * kstride, bytes);
-    std::memcpy(vd + s * bytes, vs + t * vstride, bytes);
+    if (narrow) {  // rounded to nearest even, as torch's .to(bfloat16)
+      const float* kf = reinterpret_cast<const float*>(ks + t * kstride);
+      const float* vf = reinterpret_cast<const float*>(vs + t * vstride);
+      uint16_t* kb = reinterpret_cast<uint16_t*>(kd + s * bytes);
+      uint16_t* vb = reinterpret_cast<uint16_t*>(vd + s * bytes);
+      for (int64_t i = 0; i < row; ++i) kb[i] = round_bf16(kf[i]), vb[i] = round_bf16(vf[i]);
+    } else {
+      std::memcpy(kd + s * bytes, ks + t * kstride, bytes);
+      std::memcpy(vd + s * bytes, vs + t * vstride, bytes);
+    }
   }
 }
 
@@ -134,9 +145,12 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
                            const at::Tensor& block_tables, const at::Tensor& seq_lens,
                            const at::Tensor& query_start_loc, double scale) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "graphrt::paged_attention: q is [T, H, D], caches 4-D");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type(), "graphrt::paged_attention: q and the caches must share a dtype");
   const bool bf16 = q.scalar_type() == at::kBFloat16;
   TORCH_CHECK(bf16 || q.scalar_type() == at::kFloat, "graphrt::paged_attention: native kernel takes float32 or bfloat16");
+  // a bf16 KV cache under an fp32 model (kv_cache_dtype): its keys widened, its q kept in fp32
+  const bool wide = q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() && (q.scalar_type() == k_cache.scalar_type() || wide),
+              "graphrt::paged_attention: the caches hold q's dtype (or bfloat16 under a float32 q)");
   if (k.has_value() && k->defined()) write_kv(*k, *v, k_cache, v_cache, *slot_mapping);
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t block_size = k_cache.size(1), Hkv = k_cache.size(2), G = H / Hkv;
@@ -231,7 +245,9 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   const void* kd = k_cache.data_ptr();
   const void* vd = v_cache.data_ptr();
   const IsaKernels& isa = isa_kernels();
-  const AttendFn attend = k_cache.scalar_type() == at::kFloat ? isa.attend_f32 : isa.attend_bf16;
+  const AttendFn attend = k_cache.scalar_type() == at::kFloat ? isa.attend_f32
+                          : wide                                ? isa.attend_bf16_wide
+                                                                : isa.attend_bf16;
   const float fscale = static_cast<float>(scale);
   // the output in q's dtype: a bf16 token's merged row is rounded from fp32 (no dispatched copy)
   at::Tensor out = new_output({T, H, D}, q.scalar_type());

@@ -255,6 +255,7 @@ static IsaKernels make(const char* name, GemmFn gf, GemmFn gb, AttendFn af, Atte
   k.gemm_bf16 = gb;
   k.attend_f32 = af;
   k.attend_bf16 = ab;
+  k.attend_bf16_wide = ab;
   k.quant_gemm = qg;
   k.dequantize = dq;
   k.argmax_sumexp = am;

@@ -140,7 +140,8 @@ struct IsaKernels {
   PackPairsFn pack_pairs;
   AmxPackedFn gemm_bf16_packed;
   AttendFn attend_f32;
-  AttendFn attend_bf16;
+  AttendFn attend_bf16;       // a bf16 cache, its q bf16 values (a bf16 model): may take the bf16 dot
+  AttendFn attend_bf16_wide;  // a bf16 cache under an fp32 q (kv_cache_dtype): keys widened, q kept
   QuantGemmFn quant_gemm;
   AmxPackPartsFn pack_parts;
   AmxQuantGemmFn quant_gemm_amx;

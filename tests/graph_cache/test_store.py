@@ -275,7 +275,7 @@ def test_a_shipped_cache_records_its_settings_and_an_engine_adopts_them(shipped,
     recorded = json.load(open(os.path.join(out, "manifest.json")))["settings"]
     assert recorded["max_num_seqs"] == 2 and recorded["max_num_batched_tokens"] == 16
     assert recorded["capture_sizes"] == {"decode": [2], "mixed": []} and recorded["dtype"] == "float32"
-    assert recorded["block_size"] == 16 and recorded["kv_num_blocks"] > 0
+    assert recorded["block_size"] == 16 and recorded["kv_num_blocks"] > 0 and recorded["kv_cache_dtype"] == "auto"
     llm = graphrt.LLM(path, graph_cache=out, progress=False)  # no settings: the cache's
     s = llm.engine.settings
     assert (s.max_num_seqs, s.max_num_batched_tokens, s.capture_sizes) == (2, 16, CaptureSizes((2,), ()))
@@ -293,6 +293,7 @@ def test_a_shipped_cache_records_its_settings_and_an_engine_adopts_them(shipped,
         (dict(max_num_seqs=4), ["max_num_seqs: asked 4, the graph cache was built with 2", "capture_sizes"]),
         (dict(dtype="bfloat16"), ["dtype: asked 'bfloat16', the graph cache was built with 'float32'"]),
         (dict(block_size=8), ["block_size: asked 8, the graph cache was built with 16"]),
+        (dict(kv_cache_dtype="bfloat16"), ["kv_cache_dtype: asked 'bfloat16', the graph cache was built with 'auto'"]),
     ],
 )
 def test_settings_that_change_graphs_are_refused_by_name_and_nothing_compiles(shipped, asked, names):
@@ -334,10 +335,14 @@ def test_rebuild_builds_knowingly_and_the_next_engine_adopts_the_new_settings(sh
     assert again.stats()["compiles"] == 0
 
 
-@pytest.mark.parametrize("asked", [dict(max_model_len=64), dict(max_model_len=512), dict(kv_cache_memory=6_000_000)])
+@pytest.mark.parametrize(
+    "asked",
+    [dict(max_model_len=64), dict(max_model_len=512), dict(kv_cache_memory=6_000_000), dict(kv_cache_dtype="float32")],
+)
 def test_context_length_and_kv_size_are_free_in_shipped_graphs(shipped, asked):
     """Packages leave the KV block count and the block-table width free: another max_model_len or
-    KV budget loads the same graphs, and the tokens stay exact."""
+    KV budget loads the same graphs, and the tokens stay exact (so does a KV dtype named as the
+    model's own, which is "auto")."""
     path, out = shipped
     llm = graphrt.LLM(path, graph_cache=out, progress=False, **asked)
     assert [r.how for r in llm.capture_report()] == ["loaded"] and llm.stats()["compiles"] == 0

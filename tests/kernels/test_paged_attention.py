@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from graphrt import kernels
 from graphrt.kernels import KernelArgumentError, reference
+from graphrt.kernels.attention import paged_attention_torch
 from tests.kernels.paged_batch import make_batch
 
 # (seq_len, query_len): query_len == seq_len is prefill, 1 is decode, between is a continuation.
@@ -51,6 +52,56 @@ def test_paged_attention_matches_naive_loop(rows, block_size, heads, dtype, pad)
         b.q, None, None, b.k_cache, b.v_cache, None, b.block_tables, b.seq_lens, b.query_start_loc, scale
     )
     torch.testing.assert_close(got.double(), ref.double(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def bf16_caches(b):
+    """The batch with its caches rounded to bf16 and q, k, v kept fp32 (a bf16 KV cache under an
+    fp32 model)."""
+    b.k_cache, b.v_cache = b.k_cache.to(torch.bfloat16), b.v_cache.to(torch.bfloat16)
+    return b
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    rows=st.lists(row_st, min_size=1, max_size=4),
+    block_size=st.sampled_from([1, 4, 16]),
+    heads=st.sampled_from([(4, 4), (4, 2), (6, 1), (9, 3)]),
+    head_dim=st.sampled_from([16, 64]),
+    pad=st.integers(0, 2),
+)
+def test_a_bf16_cache_under_fp32_queries_is_exact_to_fp32(rows, block_size, heads, head_dim, pad):
+    # the cache's values are exact in fp32, so only the float32 arithmetic's rounding remains: the
+    # fp32 tolerance, not bf16's, and the fused write rounds k/v as torch's .to(bfloat16) does
+    b = bf16_caches(make_batch(rows, block_size, heads[0], heads[1], head_dim, pad_tokens=pad))
+    scale = head_dim**-0.5
+    kc, vc = b.k_cache.clone(), b.v_cache.clone()
+    got = kernels.paged_attention(
+        b.q, kc, vc, b.block_tables, b.seq_lens, b.query_start_loc, scale, k=b.k, v=b.v, slot_mapping=b.slots
+    )
+    assert got.dtype == torch.float32
+    reference.reshape_and_cache(b.k, b.v, b.k_cache, b.v_cache, b.slots)  # rounds through the assignment
+    assert torch.equal(kc, b.k_cache) and torch.equal(vc, b.v_cache)
+    want = naive_attention(b, scale)
+    n = b.query_start_loc[-1].item()
+    torch.testing.assert_close(got[:n].double(), want[:n], atol=1e-5, rtol=1e-5)
+    assert torch.all(got[n:] == 0), "padding rows must be zero"
+    portable = paged_attention_torch(
+        b.q, None, None, b.k_cache, b.v_cache, None, b.block_tables, b.seq_lens, b.query_start_loc, scale
+    )
+    torch.testing.assert_close(got[:n], portable[:n], atol=1e-5, rtol=1e-5)
+
+
+def test_a_cache_of_another_dtype_is_refused_by_name():
+    b = make_batch([(4, 4)], 4, 4, 2, 8, dtype=torch.bfloat16)
+    with pytest.raises(KernelArgumentError, match="k_cache is torch.float32 under q of torch.bfloat16"):
+        kernels.paged_attention(
+            b.q, b.k_cache.float(), b.v_cache.float(), b.block_tables, b.seq_lens, b.query_start_loc, 1.0
+        )
+    with pytest.raises(KernelArgumentError, match="k_cache and v_cache must share a dtype"):
+        kernels.paged_attention(b.q, b.k_cache, b.v_cache.float(), b.block_tables, b.seq_lens, b.query_start_loc, 1.0)
+    f = make_batch([(4, 4)], 4, 4, 2, 8)
+    with pytest.raises(KernelArgumentError, match="k and v must share a dtype"):
+        kernels.reshape_and_cache(f.k, f.v.to(torch.bfloat16), f.k_cache, f.v_cache, f.slots)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,0 +1,58 @@
+"""kv_cache_dtype="bfloat16" under a float32 model: half the cache, against transformers whose
+cache rounds K/V the same way."""
+
+import pytest
+import torch
+
+from graphrt import SamplingParams
+from tests.helpers import EAGER_GRAPHS, make_llm
+from tests.oracle import hf_greedy, random_prompts
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+# a decode row, a prompt over two blocks, one of three, and one chunked by the 32-token budget
+PROMPTS = random_prompts([5, 30, 17, 40], seed=3)
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "eager-graphs"])
+def test_a_bf16_cache_gives_transformers_tokens_over_bf16_kv(tiny_model, graphs):
+    path = tiny_model("llama_gqa")
+    opts = dict(EAGER_GRAPHS, max_model_len=72) if graphs else dict(max_num_seqs=4)
+    llm = make_llm(path, kv_cache_memory=4_000_000, kv_cache_dtype="bfloat16", **opts)
+    assert {c.dtype for pair in llm.engine.kv_caches for c in pair} == {torch.bfloat16}
+    if graphs:
+        assert all("fuse_attention=2" in line for line in llm.pass_report())  # the fused op reads them
+    got = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    want = [hf_greedy(path, p, GREEDY.max_tokens, bf16_kv=True) for p in PROMPTS]
+    assert got == want
+    # the rounding shows: a float32 cache gives other tokens on these prompts
+    assert want != [hf_greedy(path, p, GREEDY.max_tokens) for p in PROMPTS]
+
+
+def test_a_bf16_cache_holds_twice_the_tokens_of_a_float32_one(tiny_model):
+    path = tiny_model("llama_gqa")
+    auto = make_llm(path, kv_cache_memory=4_000_000)
+    half = make_llm(path, kv_cache_memory=4_000_000, kv_cache_dtype="bfloat16")
+    assert half.engine.kv_plan.bytes_per_block * 2 == auto.engine.kv_plan.bytes_per_block
+    assert half.engine.kv_plan.max_tokens >= 2 * auto.engine.kv_plan.max_tokens
+    assert auto.engine.kv_caches[0][0].dtype == torch.float32
+    assert half.engine.settings.kv_cache_dtype == "bfloat16" and auto.engine.settings.kv_cache_dtype == "auto"
+    # "float32" under a float32 model is the model's own dtype: the same engine as "auto"
+    same = make_llm(path, kv_cache_memory=4_000_000, kv_cache_dtype="float32")
+    assert same.engine.settings.kv_cache_dtype == "auto" and same.engine.kv_dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "name, opts, message",
+    [
+        ("float16", {}, r"kv_cache_dtype='float16' is not known; choose one of \['auto', 'float32', 'bfloat16'\]"),
+        ("float32", {"dtype": "bfloat16"}, r"kv_cache_dtype='float32' under a bfloat16 model"),
+    ],
+)
+def test_a_kv_cache_dtype_the_model_cannot_take_is_refused_by_name(tiny_model, name, opts, message):
+    with pytest.raises(ValueError, match=message):
+        make_llm(tiny_model("llama_gqa"), kv_cache_memory=4_000_000, kv_cache_dtype=name, **opts)
+
+
+def test_a_latent_cache_keeps_the_model_dtype(tiny_model):
+    with pytest.raises(ValueError, match=r"kv_cache_dtype='bfloat16': .*latent \(MLA\) cache keeps the model's dtype"):
+        make_llm(tiny_model("deepseek_v3"), kv_cache_memory=4_000_000, kv_cache_dtype="bfloat16")

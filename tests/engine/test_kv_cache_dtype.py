@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from graphrt import SamplingParams
-from tests.helpers import EAGER_GRAPHS, make_llm
+from tests.helpers import EAGER_GRAPHS, drafting_always, make_llm
 from tests.oracle import hf_greedy, random_prompts
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -26,6 +26,19 @@ def test_a_bf16_cache_gives_transformers_tokens_over_bf16_kv(tiny_model, graphs)
     assert got == want
     # the rounding shows: a float32 cache gives other tokens on these prompts
     assert want != [hf_greedy(path, p, GREEDY.max_tokens) for p in PROMPTS]
+
+
+def test_verified_ngram_drafts_over_a_bf16_cache_give_its_plain_tokens(tiny_model):
+    # a verify step's k + 1 tokens a row write their K/V rounded, then each sees the rounded keys
+    # before it, as the plain steps' tokens did one at a time
+    path = tiny_model("llama_gqa")
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12] * 4 + [5, 6], [1, 2, 3] * 7, *random_prompts([9], seed=72)]
+    opts = dict(max_num_seqs=3, kv_cache_memory=4_000_000, kv_cache_dtype="bfloat16")
+    plain = [o.token_ids for o in make_llm(path, **opts).generate(prompts, GREEDY)]
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    spec = drafting_always(make_llm(path, speculative_config=ngram, **opts))
+    assert [o.token_ids for o in spec.generate(prompts, GREEDY)] == plain
+    assert spec.stats()["spec_draft_tokens"] > 0
 
 
 def test_a_bf16_cache_holds_twice_the_tokens_of_a_float32_one(tiny_model):

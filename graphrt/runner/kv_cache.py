@@ -24,6 +24,10 @@ class KVCacheTooSmallError(ValueError):
     """Not even one sequence of max_model_len fits in the KV budget."""
 
 
+# kv_cache_dtype's names: "auto" is the model's dtype
+KV_CACHE_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int | None = None  # None: the shipped graph cache's, else 16
@@ -49,14 +53,13 @@ class CacheConfig:
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not known; choose one of {known}")
 
 
-KV_CACHE_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
 def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, cfg: ModelConfig, backend: str) -> torch.dtype:
     """The caches' dtype for ``kv_cache_dtype=name``: the model's, or bfloat16 under a float32
     model (the paged-attention kernels round K/V on the write and widen them on the read; q, the
     scores and the output stay float32). A latent (MLA) cache and TorchAir's attention keep the
     model's dtype."""
+    if name not in KV_CACHE_DTYPES:  # a shipped cache's recorded setting is read unchecked
+        raise ValueError(f"kv_cache_dtype={name!r} is not known; choose one of {list(KV_CACHE_DTYPES)}")
     wanted = KV_CACHE_DTYPES[name] or model_dtype
     if wanted == model_dtype:
         return model_dtype

@@ -69,3 +69,11 @@ def test_a_kv_cache_dtype_the_model_cannot_take_is_refused_by_name(tiny_model, n
 def test_a_latent_cache_keeps_the_model_dtype(tiny_model):
     with pytest.raises(ValueError, match=r"kv_cache_dtype='bfloat16': .*latent \(MLA\) cache keeps the model's dtype"):
         make_llm(tiny_model("deepseek_v3"), kv_cache_memory=4_000_000, kv_cache_dtype="bfloat16")
+
+
+def test_an_unknown_recorded_kv_cache_dtype_is_refused_by_name():
+    # a shipped cache's manifest is read without CacheConfig's check: the resolution checks again
+    from graphrt.runner.kv_cache import resolve_kv_cache_dtype
+
+    with pytest.raises(ValueError, match=r"kv_cache_dtype='fp8' is not known; choose one of"):
+        resolve_kv_cache_dtype("fp8", torch.float32, None, "inductor")

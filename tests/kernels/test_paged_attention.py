@@ -11,6 +11,10 @@ from tests.kernels.paged_batch import make_batch
 
 # (seq_len, query_len): query_len == seq_len is prefill, 1 is decode, between is a continuation.
 row_st = st.tuples(st.integers(1, 48), st.integers(1, 48)).map(lambda t: (t[0], min(t[0], t[1])))
+# a mixed batch of up to four rows, its block size and its padding tokens (the sweeps below)
+BATCH = dict(
+    rows=st.lists(row_st, min_size=1, max_size=4), block_size=st.sampled_from([1, 4, 16]), pad=st.integers(0, 2)
+)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}  # bf16: inputs rounded to 8 bits of mantissa
 
 
@@ -34,11 +38,9 @@ def naive_attention(b, scale):
 
 @settings(max_examples=25, deadline=None)
 @given(
-    rows=st.lists(row_st, min_size=1, max_size=4),
-    block_size=st.sampled_from([1, 4, 16]),
     heads=st.sampled_from([(4, 4), (4, 2), (6, 1), (8, 2)]),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
-    pad=st.integers(0, 2),
+    **BATCH,
 )
 def test_paged_attention_matches_naive_loop(rows, block_size, heads, dtype, pad):
     b = make_batch(rows, block_size, heads[0], heads[1], 16, dtype=dtype, pad_tokens=pad)
@@ -62,13 +64,7 @@ def bf16_caches(b):
 
 
 @settings(max_examples=20, deadline=None)
-@given(
-    rows=st.lists(row_st, min_size=1, max_size=4),
-    block_size=st.sampled_from([1, 4, 16]),
-    heads=st.sampled_from([(4, 4), (4, 2), (6, 1), (9, 3)]),
-    head_dim=st.sampled_from([16, 64]),
-    pad=st.integers(0, 2),
-)
+@given(heads=st.sampled_from([(4, 4), (4, 2), (6, 1), (9, 3)]), head_dim=st.sampled_from([16, 64]), **BATCH)
 def test_a_bf16_cache_under_fp32_queries_is_exact_to_fp32(rows, block_size, heads, head_dim, pad):
     # the cache's values are exact in fp32, so only the float32 arithmetic's rounding remains: the
     # fp32 tolerance, not bf16's, and the fused write rounds k/v as torch's .to(bfloat16) does

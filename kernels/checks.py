@@ -40,10 +40,15 @@ def check_same_dtype(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) 
         raise KernelArgumentError(f"{' and '.join(names)} must share a dtype, got {got}")
 
 
+def cache_holds(dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
+    """Whether a KV cache of ``cache_dtype`` serves a model computing in ``dtype``: its own dtype,
+    or bfloat16 under float32 (a bf16 KV cache: half the bytes; its values rounded on the write,
+    widened on the read). The attention kernels and the engine's ``kv_cache_dtype`` share this rule."""
+    return cache_dtype == dtype or (dtype, cache_dtype) == (torch.float32, torch.bfloat16)
+
+
 def check_cache_dtype(name: str, t: torch.Tensor, cache_name: str, cache: torch.Tensor) -> None:
-    """A KV cache holds its model's dtype, or bfloat16 under a float32 model (a bf16 KV cache:
-    half the bytes; its values rounded on the write, widened on the read)."""
-    if cache.dtype != t.dtype and (t.dtype, cache.dtype) != (torch.float32, torch.bfloat16):
+    if not cache_holds(t.dtype, cache.dtype):
         raise KernelArgumentError(
             f"{cache_name} is {cache.dtype} under {name} of {t.dtype}: a cache holds {name}'s dtype, "
             f"or torch.bfloat16 under torch.float32"

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import torch
 
+from graphrt.kernels.checks import cache_holds
 from graphrt.models.config import ModelConfig
 from graphrt.runner import huge_pages as pages
 
@@ -63,7 +64,7 @@ def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, cfg: ModelConfig
     wanted = KV_CACHE_DTYPES[name] or model_dtype
     if wanted == model_dtype:
         return model_dtype
-    if (model_dtype, wanted) != (torch.float32, torch.bfloat16):
+    if not cache_holds(model_dtype, wanted):
         raise ValueError(
             f"kv_cache_dtype={name!r} under a {str(model_dtype).removeprefix('torch.')} model: a KV cache holds "
             f"the model's dtype ('auto'), or 'bfloat16' under a float32 model"

@@ -153,6 +153,41 @@ static inline void read_slots(const void* k_cache, const void* v_cache, const in
   asm volatile("" : : "v"(a0), "v"(a1));
 }
 
+// A head's DV vectors of a K/V row, q or an output. A bf16 row is read as pairs (load_pairs):
+// vector 2c holds the even values of its 32-value chunk c, 2c + 1 the odd ones; q is split the
+// same way and the outputs joined back, once an item, so every dot product and weighted sum
+// pairs the same values. The dot products add in another order than in place (to within fp32's
+// rounding). An fp32 row is its vectors in place.
+template <typename C, int DV>
+constexpr bool kPairs = std::is_same_v<C, uint16_t> && DV % 2 == 0;
+
+template <typename C, int DV>
+static inline void load_head(const C* p, vf* v) {
+  if constexpr (kPairs<C, DV>) {
+    for (int c = 0; c < DV / 2; ++c) load_pairs(p + 2 * c * kLanes, v[2 * c], v[2 * c + 1]);
+  } else {
+    for (int d = 0; d < DV; ++d) v[d] = load(p + d * kLanes);
+  }
+}
+
+template <typename C, int DV>
+static inline void load_query(const float* q, vf* v) {
+  if constexpr (kPairs<C, DV>) {
+    for (int c = 0; c < DV / 2; ++c) split_pairs(q + 2 * c * kLanes, v[2 * c], v[2 * c + 1]);
+  } else {
+    for (int d = 0; d < DV; ++d) v[d] = load(q + d * kLanes);
+  }
+}
+
+template <typename C, int DV>
+static inline void store_head(float* out, const vf* v) {
+  if constexpr (kPairs<C, DV>) {
+    for (int c = 0; c < DV / 2; ++c) join_pairs(out + 2 * c * kLanes, v[2 * c], v[2 * c + 1]);
+  } else {
+    for (int d = 0; d < DV; ++d) store(out + d * kLanes, v[d]);
+  }
+}
+
 template <typename C, int DV, int G>
 static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cache, const int64_t* blocks, int64_t l0,
                                int64_t l1, int64_t block_size, int64_t Hkv, float scale, float* scores, float* m,
@@ -216,11 +251,13 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
 #endif
         } else {
           vf qv[DV];
-          for (int d = 0; d < DV; ++d) qv[d] = load(q + (g * G + i) * D + d * kLanes);
+          load_query<C, DV>(q + (g * G + i) * D, qv);
 #pragma GCC unroll 16
           for (int j = 0; j < kLanes; ++j) {
-            a[j] = qv[0] * load(key[j]);
-            for (int d = 1; d < DV; ++d) a[j] += qv[d] * load(key[j] + d * kLanes);
+            vf kv[DV];
+            load_head<C, DV>(key[j], kv);
+            a[j] = qv[0] * kv[0];
+            for (int d = 1; d < DV; ++d) a[j] += qv[d] * kv[d];
           }
         }
         const vf s = lane_sums(a) * splat(scale);
@@ -246,14 +283,13 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
         prefetch_bytes(v_cache + offset[j + kPrefetchKeys], slot_bytes);
       const C* value = values + offset[j];
       vf vv[DV];
-      for (int d = 0; d < DV; ++d) vv[d] = load(value + d * kLanes);
+      load_head<C, DV>(value, vv);
       for (int i = 0; i < G; ++i) {
         const vf pi = splat(p[i * n + j]);
         for (int d = 0; d < DV; ++d) o[i][d] += pi * vv[d];
       }
     }
-    for (int i = 0; i < G; ++i)
-      for (int d = 0; d < DV; ++d) store(acc + (g * G + i) * D + d * kLanes, o[i][d]);
+    for (int i = 0; i < G; ++i) store_head<C, DV>(acc + (g * G + i) * D, o[i]);
   }
 }
 

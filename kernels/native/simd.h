@@ -84,6 +84,29 @@ static inline vf lane_sums(const vf* a) {
                __builtin_shufflevector(v[0], v[1], 1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31);
   return __builtin_shufflevector(w, w, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
 }
+// 32 bf16 values as two fp32 vectors, lane l of `even` value 2l and of `odd` value 2l + 1 (the
+// low and high halves of 32-bit lane l, on x86's little-endian lanes): a bf16 is the high half of
+// its fp32, so one load, a shift and a mask (widened in order, each 16 values took a
+// zero-extending load and a shift).
+static inline void load_pairs(const uint16_t* p, vf& even, vf& odd) {
+  typedef uint32_t vu_unaligned __attribute__((vector_size(GRT_VEC_BYTES), aligned(2)));
+  const vu w = *reinterpret_cast<const vu_unaligned*>(p);
+  const vu e = w << 16, o = w & 0xFFFF0000u;
+  __builtin_memcpy(&even, &e, sizeof(even));
+  __builtin_memcpy(&odd, &o, sizeof(odd));
+}
+
+// 32 fp32 values split the same way (even = x[0::2], odd = x[1::2]), and joined back.
+static inline void split_pairs(const float* x, vf& even, vf& odd) {
+  const vf a = load(x), b = load(x + 16);
+  even = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  odd = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+static inline void join_pairs(float* out, vf even, vf odd) {
+  store(out, __builtin_shufflevector(even, odd, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23));
+  store(out + 16, __builtin_shufflevector(even, odd, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
+}
 #endif
 #endif
 

@@ -161,21 +161,18 @@ static inline void read_slots(const void* k_cache, const void* v_cache, const in
 template <typename C, int DV>
 constexpr bool kPairs = std::is_same_v<C, uint16_t> && DV % 2 == 0;
 
-template <typename C, int DV>
-static inline void load_head(const C* p, vf* v) {
+// A head's DV vectors, of a K/V row (T = C) or of q (T = float: split as a bf16 row's pairs are).
+template <typename C, int DV, typename T>
+static inline void load_head(const T* p, vf* v) {
   if constexpr (kPairs<C, DV>) {
-    for (int c = 0; c < DV / 2; ++c) load_pairs(p + 2 * c * kLanes, v[2 * c], v[2 * c + 1]);
+    for (int c = 0; c < DV / 2; ++c) {
+      if constexpr (std::is_same_v<T, float>)
+        split_pairs(p + 2 * c * kLanes, v[2 * c], v[2 * c + 1]);
+      else
+        load_pairs(p + 2 * c * kLanes, v[2 * c], v[2 * c + 1]);
+    }
   } else {
     for (int d = 0; d < DV; ++d) v[d] = load(p + d * kLanes);
-  }
-}
-
-template <typename C, int DV>
-static inline void load_query(const float* q, vf* v) {
-  if constexpr (kPairs<C, DV>) {
-    for (int c = 0; c < DV / 2; ++c) split_pairs(q + 2 * c * kLanes, v[2 * c], v[2 * c + 1]);
-  } else {
-    for (int d = 0; d < DV; ++d) v[d] = load(q + d * kLanes);
   }
 }
 
@@ -251,7 +248,7 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
 #endif
         } else {
           vf qv[DV];
-          load_query<C, DV>(q + (g * G + i) * D, qv);
+          load_head<C, DV>(q + (g * G + i) * D, qv);
 #pragma GCC unroll 16
           for (int j = 0; j < kLanes; ++j) {
             vf kv[DV];

@@ -153,15 +153,14 @@ static inline void read_slots(const void* k_cache, const void* v_cache, const in
   asm volatile("" : : "v"(a0), "v"(a1));
 }
 
-// A head's DV vectors of a K/V row, q or an output. A bf16 row is read as pairs (load_pairs):
-// vector 2c holds the even values of its 32-value chunk c, 2c + 1 the odd ones; q is split the
-// same way and the outputs joined back, once an item, so every dot product and weighted sum
-// pairs the same values. The dot products add in another order than in place (to within fp32's
-// rounding). An fp32 row is its vectors in place.
+// A head's DV vectors of a K/V row (T = C), of q (T = float) or of an output. A bf16 row is read
+// as pairs (load_pairs): vector 2c holds the even values of its 32-value chunk c, 2c + 1 the odd
+// ones; q is split the same way and the outputs joined back, once a KV head of an item, so every
+// dot product and weighted sum pairs the same values. The dot products add in another order than
+// in place (to within fp32's rounding). An fp32 row is its vectors in place.
 template <typename C, int DV>
 constexpr bool kPairs = std::is_same_v<C, uint16_t> && DV % 2 == 0;
 
-// A head's DV vectors, of a K/V row (T = C) or of q (T = float: split as a bf16 row's pairs are).
 template <typename C, int DV, typename T>
 static inline void load_head(const T* p, vf* v) {
   if constexpr (kPairs<C, DV>) {
@@ -219,6 +218,10 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
 #else
     constexpr bool kDot = false;
 #endif
+    // the KV head's query heads, loaded (over a bf16 cache: split into pairs) once for its keys
+    vf qs[kDot ? 1 : G][DV];
+    if constexpr (!kDot)
+      for (int i = 0; i < G; ++i) load_head<C, DV>(q + (g * G + i) * D, qs[i]);
     for (int64_t l = 0; l < n; l += kLanes) {
       const int64_t count = std::min<int64_t>(kLanes, n - l);
       if (g == 0) {
@@ -247,8 +250,7 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
           }
 #endif
         } else {
-          vf qv[DV];
-          load_head<C, DV>(q + (g * G + i) * D, qv);
+          const vf* qv = qs[i];
 #pragma GCC unroll 16
           for (int j = 0; j < kLanes; ++j) {
             vf kv[DV];

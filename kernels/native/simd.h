@@ -84,6 +84,7 @@ static inline vf lane_sums(const vf* a) {
                __builtin_shufflevector(v[0], v[1], 1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31);
   return __builtin_shufflevector(w, w, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
 }
+
 // 32 bf16 values as two fp32 vectors, lane l of `even` value 2l and of `odd` value 2l + 1 (the
 // low and high halves of 32-bit lane l, on x86's little-endian lanes): a bf16 is the high half of
 // its fp32, so one load, a shift and a mask (widened in order, each 16 values took a

@@ -9,8 +9,8 @@ namespace graphrt_native {
 using GemmFn = void (*)(const float* x, const void* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
                         int64_t n1);
 
-// Keys a work item covers, at most (paged attention's chunks).
-constexpr int64_t kMaxChunkKeys = 128;
+// Keys a work item covers, at most (paged attention's chunks; attention.cpp sizes them).
+constexpr int64_t kMaxChunkKeys = 256;
 
 // Keys [l0, l1) of a sequence whose block table is `blocks`: a work item's keys.
 struct KeyRange {

@@ -135,9 +135,12 @@ def test_fused_write_then_attend_equals_write_then_attend(rows, block_size, pad)
     "rows, block_size, heads, head_dim",
     [
         ([(37, 37), (20, 1), (50, 13), (9, 9)], 4, (8, 2), 16),
-        # past one work item's 128 keys: a verify-like row (6 tokens at 300 keys), a decode row,
-        # a prefill over two items; each token's items merge in key order whatever order they ran
-        ([(300, 6), (260, 1), (140, 140)], 16, (9, 3), 64),
+        # past one work item's keys (256 with SmolLM2's heads): a verify-like row (6 tokens at 300
+        # keys), decode rows over two and three items, a prefill over one; each token's items merge
+        # in key order whatever order they ran
+        ([(300, 6), (260, 1), (600, 1), (140, 140)], 16, (9, 3), 64),
+        # 8 KB of K/V a key: items of 128 keys (a chunk's K/V kept small enough for L2)
+        ([(300, 3), (200, 1), (129, 129)], 16, (16, 8), 128),
     ],
 )
 def test_paged_equals_sdpa_over_contiguous_sequences(rows, block_size, heads, head_dim):

@@ -278,6 +278,7 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
     }
     merged[t] = 1;
   };
+  const bool read_every_item = kAmdStreams && k_cache.scalar_type() == at::kFloat;
   at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
     float* scores = thread_scratch(H * chunk + H * D);
     float* row = scores + H * chunk;
@@ -288,15 +289,19 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
         const int64_t* blocks = tp + token_row[it.t] * B;
         // The thread's next item streams in while this one computes, unless it reads the same keys
         // (a row's next token: already in L2). A decode step of eight rows at 150 keys, 30 layers'
-        // cold K/V: 64-67 against 80-98 µs a call.
+        // cold K/V: 64-67 against 80-98 µs a call. On AMD a thread's first item is `cold`, read
+        // first by the fixed-shape kernel (paged_attention.h, read_slots), and over an fp32 cache
+        // so is every item of new keys, which that kernel then does not request ahead.
         KeyRange next{};
         const KeyRange* ahead = nullptr;
         if (i + 1 < i1) {
           next = {tp + token_row[items[i + 1].t] * B, items[i + 1].l0, items[i + 1].l1};
           if (next.blocks != blocks || next.l0 != it.l0) ahead = &next;
         }
+        const bool cold = i == i0 || (read_every_item && (tp + token_row[items[i - 1].t] * B != blocks ||
+                                                          items[i - 1].l0 != it.l0));
         attend(qd + it.t * H * D, kd, vd, blocks, it.l0, it.l1, block_size, Hkv, D, G, fscale, scores, &m[i * H],
-               &sums[i * H], &acc[i * H * D], ahead, /*cold=*/i == i0);
+               &sums[i * H], &acc[i * H * D], ahead, cold);
         // A token whose items are all this thread's is merged here, once its last is done. After
         // the join, on one thread while the other waited, the merge of eight decode rows took
         // 6.6-8.1 µs of a 67-73 µs call (a timing probe, not shipped); now 0.2-1.3 µs remain there.

@@ -21,7 +21,8 @@ struct KeyRange {
 // One query token's heads over its keys [l0, l1) (at most kMaxChunkKeys of them): q [H, D]; per
 // head the chunk's max score m, sum of exponentials and unnormalised output acc [H, D]; scores is
 // scratch [H, l1 - l0]. `next` (or null): the keys of the thread's next item, whose K/V the call
-// requests while it computes. `cold`: nothing requested this item's K/V ahead (a thread's first).
+// requests while it computes. `cold`: nothing requested this item's K/V ahead (a thread's first;
+// on AMD over an fp32 cache, any item whose keys the thread's previous item did not read).
 using AttendFn = void (*)(const float* q, const void* k_cache, const void* v_cache, const int64_t* blocks, int64_t l0,
                           int64_t l1, int64_t block_size, int64_t num_kv_heads, int64_t D, int64_t G, float scale,
                           float* scores, float* m, float* sums, float* acc, const KeyRange* next, bool cold);

@@ -127,16 +127,23 @@ static inline void chunk_softmax(float* scores, int64_t H, int64_t n, float* m, 
 // requests the same slots' values into L2 for the value pass: two streams from memory at once
 // instead of one after the other (a probe of 30 layers' attention at 512 keys, each call after a
 // 19 MB product: 55.4 against 58.8 µs a call over seven interleaved pairs). The other passes
-// request the thread's next item (AheadStream).
+// request the thread's next item (AheadStream), except over an fp32 cache on AMD, where each item
+// of new keys is read first instead (read_slots).
 #if GRT_VEC_BYTES == 64 && defined(GRT_LANE_SUMS)
 template <int DV, int G>
 constexpr bool kFitsRegisters = DV * (G + 1) <= 28;
 
 // Every K and V slot of a chunk read once, in key order, with plain loads (the values are
-// dropped). A thread's first item has had nothing request its K/V; on an AMD EPYC (family 19h) it
-// arrives faster this way than through the first pass's prefetches: in the engine at 512 keys,
-// one row, 37.6-47.9 against 41.8-51.6 us a call (nine alternated pairs, one process); the
-// log's "Attention's first item read first".
+// dropped). On an AMD EPYC (family 19h) a thread's first item, which nothing requested, arrived
+// faster this way than through the first pass's prefetches: in the engine at 512 keys, one row,
+// 37.6-47.9 against 41.8-51.6 us a call (nine alternated pairs, one process; the log's
+// "Attention's first item read first"). On a family-1Ah EPYC, over an fp32 cache, every item of
+// new keys read this way beat the previous item's requests for it: 30 layers' cold caches,
+// alternated call by call, 57.1 against 60.8 us a call at eight rows of 150 keys, 89.0-89.7
+// against 93.8-97.8 at eight of 250, 26.7-28.0 against 28.2-29.3 at one row of 530; the engine's
+// fp32 steps 0.6-1.3% shorter. Over a bf16 cache (half the bytes for the same arithmetic) the
+// requests won: 53.6 against 55.8 us a call at eight rows of 250 keys for a bf16 model, 18.4
+// against 19.5 at one row of 530 (the log's "Longer attention items").
 static inline void read_slots(const void* k_cache, const void* v_cache, const int64_t* offset, int64_t n,
                               int64_t slot_bytes, int64_t elem_bytes) {
   vf a0 = vf{}, a1 = vf{};
@@ -198,10 +205,12 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
     SlotCursor at(blocks, block_size, l0);
     for (int64_t j = 0; j < n; ++j, at.next()) offset[j] = at.slot() * slot_elems;
   }
-  // a cold item on AMD: its K/V read first (read_slots), the passes then find it in L1/L2
+  // a cold item on AMD: its K/V read first (read_slots), the passes then find it in L1/L2; over an
+  // fp32 cache the next item is not requested (it is read first too, or it reads these keys)
   const bool read_first = cold && graphrt_native::kAmdStreams;
   if (read_first) read_slots(k_cache, v_cache, offset, n, slot_bytes, int64_t(sizeof(C)));
-  AheadStream<C> stream(k_cache, v_cache, slot_elems, block_size, next, (2 * Hkv - 1) * n);
+  const bool request_next = !(graphrt_native::kAmdStreams && std::is_same_v<C, float>);
+  AheadStream<C> stream(k_cache, v_cache, slot_elems, block_size, request_next ? next : nullptr, (2 * Hkv - 1) * n);
   for (int64_t g = 0; g < Hkv; ++g) {
 #if defined(GRT_BF16_DOT)
     // a bf16 cache's scores on the bf16 dot product: its q is bf16 (the cache's dtype), so its

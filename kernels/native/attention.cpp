@@ -31,11 +31,11 @@ constexpr int64_t kChunk = 128;
 constexpr int64_t kChunkBytes = 384 << 10;
 constexpr int64_t kMinChunk = 32;  // and at least, where a step is split further for its threads
 
-static int64_t chunk_keys(int64_t kv_bytes_per_key) {
+namespace {
+
+int64_t chunk_keys(int64_t kv_bytes_per_key) {
   return std::clamp<int64_t>(kChunkBytes / std::max<int64_t>(1, kv_bytes_per_key), kChunk, kMaxChunkKeys);
 }
-
-namespace {
 
 void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
               const at::Tensor& slot_mapping) {
@@ -278,7 +278,8 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
     }
     merged[t] = 1;
   };
-  const bool read_every_item = kAmdStreams && k_cache.scalar_type() == at::kFloat;
+  const bool read_every_item = reads_items_first(k_cache.scalar_type() == at::kFloat);
+  auto same_keys = [&](const Item& a, const Item& b) { return token_row[a.t] == token_row[b.t] && a.l0 == b.l0; };
   at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
     float* scores = thread_scratch(H * chunk + H * D);
     float* row = scores + H * chunk;
@@ -294,12 +295,11 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
         // so is every item of new keys, which that kernel then does not request ahead.
         KeyRange next{};
         const KeyRange* ahead = nullptr;
-        if (i + 1 < i1) {
+        if (i + 1 < i1 && !same_keys(items[i + 1], it)) {
           next = {tp + token_row[items[i + 1].t] * B, items[i + 1].l0, items[i + 1].l1};
-          if (next.blocks != blocks || next.l0 != it.l0) ahead = &next;
+          ahead = &next;
         }
-        const bool cold = i == i0 || (read_every_item && (tp + token_row[items[i - 1].t] * B != blocks ||
-                                                          items[i - 1].l0 != it.l0));
+        const bool cold = i == i0 || (read_every_item && !same_keys(items[i - 1], it));
         attend(qd + it.t * H * D, kd, vd, blocks, it.l0, it.l1, block_size, Hkv, D, G, fscale, scores, &m[i * H],
                &sums[i * H], &acc[i * H * D], ahead, cold);
         // A token whose items are all this thread's is merged here, once its last is done. After

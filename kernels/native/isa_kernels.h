@@ -168,6 +168,10 @@ const IsaKernels& isa_kernels();
 // GRAPHRT_CPU_TUNING=amd|intel overrides the vendor's choice.
 extern const bool kAmdStreams;
 
+// Whether paged attention reads each work item of new keys first, with plain loads, rather than
+// having the item before request it (AMD, fp32 caches; paged_attention.h, read_slots).
+inline bool reads_items_first(bool fp32_cache) { return kAmdStreams && fp32_cache; }
+
 }  // namespace graphrt_native
 
 // A weight stream's prefetch, with the hint this CPU's vendor takes best.

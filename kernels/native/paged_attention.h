@@ -209,7 +209,7 @@ static void attend_chunk_fixed(const float* q, const C* k_cache, const C* v_cach
   // fp32 cache the next item is not requested (it is read first too, or it reads these keys)
   const bool read_first = cold && graphrt_native::kAmdStreams;
   if (read_first) read_slots(k_cache, v_cache, offset, n, slot_bytes, int64_t(sizeof(C)));
-  const bool request_next = !(graphrt_native::kAmdStreams && std::is_same_v<C, float>);
+  const bool request_next = !graphrt_native::reads_items_first(std::is_same_v<C, float>);
   AheadStream<C> stream(k_cache, v_cache, slot_elems, block_size, request_next ? next : nullptr, (2 * Hkv - 1) * n);
   for (int64_t g = 0; g < Hkv; ++g) {
 #if defined(GRT_BF16_DOT)

@@ -52,7 +52,8 @@ static inline void near_prefetch(const void* p) {
 // M > MB, the next MB rows re-read the same NB weight rows from L1 (NB rows of K <= 2048 fit).
 template <typename P, typename W, int NB, int MB, bool PREFETCH>
 static inline void tile(const typename P::X* x, const W* w, float* y, int64_t N, int64_t K, int64_t n0, int64_t m0,
-                        int64_t n_end) {
+                        int64_t n_end, int64_t k_begin = 0, int64_t k_end = -1, bool add = false) {
+  if (k_end < 0) k_end = K;
   typename P::Acc acc[MB][NB];
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i)
@@ -60,8 +61,8 @@ static inline void tile(const typename P::X* x, const W* w, float* y, int64_t N,
     for (int j = 0; j < NB; ++j) acc[i][j] = typename P::Acc{};
   const W* wr = w + n0 * K;
   const typename P::X* xr = x + m0 * K;
-  int64_t k = 0;
-  for (; k + P::kStep <= K; k += P::kStep) {
+  int64_t k = k_begin;
+  for (; k + P::kStep <= k_end; k += P::kStep) {
     typename P::WV wv[NB];
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) wv[j] = P::loadw(wr + j * K + k);
@@ -88,8 +89,8 @@ static inline void tile(const typename P::X* x, const W* w, float* y, int64_t N,
   for (int i = 0; i < MB; ++i) {
     for (int j = 0; j < NB; ++j) {
       float s = P::reduce(acc[i][j]);
-      for (int64_t kk = k; kk < K; ++kk) s += to_float(xr[i * K + kk]) * to_float(wr[j * K + kk]);
-      y[(m0 + i) * N + n0 + j] = s;
+      for (int64_t kk = k; kk < k_end; ++kk) s += to_float(xr[i * K + kk]) * to_float(wr[j * K + kk]);
+      if (add) y[(m0 + i) * N + n0 + j] += s; else y[(m0 + i) * N + n0 + j] = s;
     }
   }
 }
@@ -98,26 +99,36 @@ static inline void tile(const typename P::X* x, const W* w, float* y, int64_t N,
 // pass over a row block prefetches the blocks ahead.
 template <typename P, typename W, int NB, int MB>
 static inline void tile_rows(const typename P::X* x, const W* w, float* y, int64_t N, int64_t K, int64_t n0,
-                             int64_t m0, int64_t n_end, int64_t rows) {
+                             int64_t m0, int64_t n_end, int64_t rows, int64_t k0 = 0, int64_t k1 = -1,
+                             bool add = false) {
   if constexpr (MB > 0) {
-    if (rows != MB) return tile_rows<P, W, NB, MB - 1>(x, w, y, N, K, n0, m0, n_end, rows);
-    if (m0 == 0) return tile<P, W, NB, MB, true>(x, w, y, N, K, n0, m0, n_end);
-    tile<P, W, NB, MB, false>(x, w, y, N, K, n0, m0, n_end);
+    if (rows != MB) return tile_rows<P, W, NB, MB - 1>(x, w, y, N, K, n0, m0, n_end, rows, k0, k1, add);
+    if (m0 == 0) return tile<P, W, NB, MB, true>(x, w, y, N, K, n0, m0, n_end, k0, k1, add);
+    tile<P, W, NB, MB, false>(x, w, y, N, K, n0, m0, n_end, k0, k1, add);
   }
 }
 
 template <typename P, typename W, int NB, int MB>
 static inline void row_block(const typename P::X* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
-                             int64_t n_end) {
-  for (int64_t m0 = 0; m0 < M; m0 += MB) tile_rows<P, W, NB, MB>(x, w, y, N, K, n0, m0, n_end, std::min<int64_t>(MB, M - m0));
+                             int64_t n_end, int64_t k0 = 0, int64_t k1 = -1, bool add = false) {
+  for (int64_t m0 = 0; m0 < M; m0 += MB)
+    tile_rows<P, W, NB, MB>(x, w, y, N, K, n0, m0, n_end, std::min<int64_t>(MB, M - m0), k0, k1, add);
 }
 
+// Output columns [n_begin, n_end) in row blocks of NB weight rows; with k_chunk > 0, the blocks
+// are walked once a chunk of k_chunk values of K (a multiple of the vector width), each chunk's
+// sums added to the last one's.
 template <typename P, typename W, int NB, int MB>
 static inline void row_blocks(const typename P::X* x, const W* w, float* y, int64_t M, int64_t N, int64_t K,
-                              int64_t n_begin, int64_t n_end) {
-  int64_t n = n_begin;
-  for (; n + NB <= n_end; n += NB) row_block<P, W, NB, MB>(x, w, y, M, N, K, n, n_end);
-  for (; n < n_end; ++n) row_block<P, W, 1, MB>(x, w, y, M, N, K, n, n_end);
+                              int64_t n_begin, int64_t n_end, int64_t k_chunk = 0) {
+  int64_t k0 = 0;
+  do {
+    const int64_t k1 = k_chunk > 0 ? std::min(K, k0 + k_chunk) : K;
+    int64_t n = n_begin;
+    for (; n + NB <= n_end; n += NB) row_block<P, W, NB, MB>(x, w, y, M, N, K, n, n_end, k0, k1, k0 > 0);
+    for (; n < n_end; ++n) row_block<P, W, 1, MB>(x, w, y, M, N, K, n, n_end, k0, k1, k0 > 0);
+    k0 = k1;
+  } while (k0 < K);
 }
 
 // One activation row (on AMD): S weight rows at a time, one from each of S equal parts of the
@@ -190,6 +201,19 @@ constexpr int kWideNbAmdF32 = 3;
 constexpr int kWideNbAmdF32 = GRT_WIDE_NB;
 #endif
 
+// ... and K in chunks of kWideChunkK values where the rows' activations fill an L1 of 48 KiB (eight
+// rows of 1,536: SmolLM2's down projection). Each tile re-reads every activation row, and when they
+// no longer fit L1 beside the weights streaming through it they came from L2 for every tile: down
+// read 65-68 GB/s hot at eight rows where the other shapes read 76-94. A chunk's activations (12
+// KiB at eight rows) stay in L1 across the tiles; each weight row is still read once, a chunk at a
+// time. On a family-1Ah EPYC, alternated in one process (the log's "An eleventh day"): down at
+// eight rows 46.3-48.3 against 41.3-42.1 GB/s cold, at sixteen 31.3 against 27.5; an fp32 engine
+// at batch 8 12.42-12.51 against 12.78-12.94 ms a step. Smaller activations lost from it (six
+// rows of 1,536: 47.4 against 53.0 GB/s; sixteen of 576: 33.6 against 34.8), as did chunks of 256
+// values or 512 and 768 (cold).
+constexpr int64_t kWideChunkK = 384;
+constexpr int64_t kWideChunkAbove = 48 << 10;
+
 // Output columns [n_begin, n_end): one thread's share. One row: the three streams above on AMD,
 // weight rows in pairs elsewhere (kAmdStreams). Up to GRT_SMALL_MB rows: tiles of GRT_SMALL_NB
 // weight rows (one: a single front-to-back stream, which measured fastest for 2-4 rows); more rows: GRT_WIDE_NB weight rows x GRT_WIDE_MB activation
@@ -202,6 +226,9 @@ static void skinny_gemm(const typename P::X* x, const W* w, float* y, int64_t M,
   if (M == 1) return row_blocks<P, W, 2, 1>(x, w, y, M, N, K, n_begin, n_end);
   if (M <= GRT_SMALL_MB) return row_blocks<P, W, GRT_SMALL_NB, GRT_SMALL_MB>(x, w, y, M, N, K, n_begin, n_end);
   if constexpr (std::is_same_v<P, FmaPolicy<float>>)
-    if (graphrt_native::kAmdStreams) return row_blocks<P, W, kWideNbAmdF32, GRT_WIDE_MB>(x, w, y, M, N, K, n_begin, n_end);
+    if (graphrt_native::kAmdStreams) {
+      const bool chunked = M * K * int64_t(sizeof(float)) >= kWideChunkAbove;
+      return row_blocks<P, W, kWideNbAmdF32, GRT_WIDE_MB>(x, w, y, M, N, K, n_begin, n_end, chunked ? kWideChunkK : 0);
+    }
   row_blocks<P, W, GRT_WIDE_NB, GRT_WIDE_MB>(x, w, y, M, N, K, n_begin, n_end);
 }

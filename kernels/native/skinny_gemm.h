@@ -207,10 +207,10 @@ constexpr int kWideNbAmdF32 = GRT_WIDE_NB;
 // read 65-68 GB/s hot at eight rows where the other shapes read 76-94. A chunk's activations (12
 // KiB at eight rows) stay in L1 across the tiles; each weight row is still read once, a chunk at a
 // time. On a family-1Ah EPYC, alternated in one process (the log's "An eleventh day"): down at
-// eight rows 46.3-48.3 against 41.3-42.1 GB/s cold, at sixteen 31.3 against 27.5; an fp32 engine
-// at batch 8 12.42-12.51 against 12.78-12.94 ms a step. Smaller activations lost from it (six
-// rows of 1,536: 47.4 against 53.0 GB/s; sixteen of 576: 33.6 against 34.8), as did chunks of 256
-// values or 512 and 768 (cold).
+// eight rows 45.2-48.3 against 41.3-42.0 GB/s cold, at sixteen 28.7-31.3 against 27.5-27.7; an
+// fp32 engine at batch 8 12.42-12.74 against 12.78-13.01 ms a step in three runs. Smaller
+// activations lost from it (six rows of 1,536: 47.4 against 53.0 GB/s; sixteen of 576: 33.6
+// against 34.8), as did chunks of 256, 512 and 768 values (cold).
 constexpr int64_t kWideChunkK = 384;
 constexpr int64_t kWideChunkAbove = 48 << 10;
 

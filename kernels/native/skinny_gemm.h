@@ -48,12 +48,12 @@ static inline void near_prefetch(const void* p) {
   if (MB > 1) prefetch_near(p);
 }
 
-// NB weight rows against MB activation rows held in registers (NB x MB accumulators); when
+// NB weight rows against MB activation rows held in registers (NB x MB accumulators), over K's
+// values [k_begin, k_end), their sums written to y (added to it with `add`); when
 // M > MB, the next MB rows re-read the same NB weight rows from L1 (NB rows of K <= 2048 fit).
 template <typename P, typename W, int NB, int MB, bool PREFETCH>
 static inline void tile(const typename P::X* x, const W* w, float* y, int64_t N, int64_t K, int64_t n0, int64_t m0,
-                        int64_t n_end, int64_t k_begin = 0, int64_t k_end = -1, bool add = false) {
-  if (k_end < 0) k_end = K;
+                        int64_t n_end, int64_t k_begin, int64_t k_end, bool add) {
   typename P::Acc acc[MB][NB];
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i)
@@ -99,8 +99,7 @@ static inline void tile(const typename P::X* x, const W* w, float* y, int64_t N,
 // pass over a row block prefetches the blocks ahead.
 template <typename P, typename W, int NB, int MB>
 static inline void tile_rows(const typename P::X* x, const W* w, float* y, int64_t N, int64_t K, int64_t n0,
-                             int64_t m0, int64_t n_end, int64_t rows, int64_t k0 = 0, int64_t k1 = -1,
-                             bool add = false) {
+                             int64_t m0, int64_t n_end, int64_t rows, int64_t k0, int64_t k1, bool add) {
   if constexpr (MB > 0) {
     if (rows != MB) return tile_rows<P, W, NB, MB - 1>(x, w, y, N, K, n0, m0, n_end, rows, k0, k1, add);
     if (m0 == 0) return tile<P, W, NB, MB, true>(x, w, y, N, K, n0, m0, n_end, k0, k1, add);
@@ -110,7 +109,7 @@ static inline void tile_rows(const typename P::X* x, const W* w, float* y, int64
 
 template <typename P, typename W, int NB, int MB>
 static inline void row_block(const typename P::X* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
-                             int64_t n_end, int64_t k0 = 0, int64_t k1 = -1, bool add = false) {
+                             int64_t n_end, int64_t k0, int64_t k1, bool add) {
   for (int64_t m0 = 0; m0 < M; m0 += MB)
     tile_rows<P, W, NB, MB>(x, w, y, N, K, n0, m0, n_end, std::min<int64_t>(MB, M - m0), k0, k1, add);
 }

@@ -13,11 +13,26 @@
 // weight vector in registers, each pair the instruction's embedded broadcast; more rows take
 // further passes over the block, which the first pass left in cache. A k-step is read in memory
 // order (the first half's 16 vectors, then the second's) and a block is one stream read front to
-// back, with no software prefetch (1 or 2 KiB ahead measured the same or slower on an AMD EPYC).
+// back. At four or more rows on AMD its lines are requested 8 KiB ahead (kDotAheadBytes, below);
+// 1 or 2 KiB ahead had measured the same or slower on an AMD EPYC of family 19h.
 // Below four rows two accumulators a row and half take turns, so that one row's dot products do
 // not wait on each other.
 
 constexpr int kDotPackedRows = 8;
+
+// With four or more activation rows on AMD, the first pass over a block requests each weight
+// vector's line kDotAheadBytes further on into L1 as it reads the vector: with four to eight dot
+// products a vector the core did not keep enough of the stream in flight, and the hardware
+// prefetchers alone left the memory partly idle. On a family-1Ah EPYC, SmolLM2's shapes, 256 MiB
+// of cold matrices a shape, alternated in one process: eight rows 33.4-53.6 -> 46.2-66.1 GB/s on
+// the four layer shapes and 52.8 -> 74.9 on the LM head, four rows 43.7-60.8 -> 50.1-70.5; with
+// the weights in cache 0-8% slower. A bf16 engine, alternated step by step: batch 8 8.12 -> 6.08
+// ms a step, 4 6.29 -> 5.66, 16 11.07 -> 9.94; at batch 2 it was 3% slower (4.94 -> 5.09), and
+// one row's three streams (dot_packed_row_streams) read 1-6% slower with it: neither takes it.
+// 6 KiB ahead and 12-16 KiB measured about the same as 8, and into L2 a little slower than into
+// L1 (the log's "A twelfth day").
+constexpr int64_t kDotAheadBytes = 8 << 10;
+constexpr int kDotAheadRows = 4;
 
 // acc + the pairwise products of w and the pair at `pair` in every lane: one instruction, the pair
 // an embedded broadcast from memory. (Spelled with intrinsics, GCC broadcast each pair once for
@@ -27,7 +42,7 @@ static inline __m512 dot_broadcast(__m512 acc, __m512bh w, const uint32_t* pair)
   return acc;
 }
 
-template <int MB>
+template <int MB, bool PREFETCH>
 static inline void dot_packed_tile(const uint16_t* x, const uint16_t* block, const float* bias, uint16_t* out,
                                    int64_t N, int64_t K, int64_t m0, int64_t n,
                                    bool aligned) {
@@ -47,7 +62,9 @@ static inline void dot_packed_tile(const uint16_t* x, const uint16_t* block, con
     for (int h = 0; h < 2; ++h) {
 #pragma GCC unroll 16
       for (int p = 0; p < 16; ++p) {
-        const __m512bh w = (__m512bh)_mm512_loadu_si512(step + h * 512 + p * 32);
+        const uint16_t* at = step + h * 512 + p * 32;
+        if constexpr (PREFETCH) __builtin_prefetch(reinterpret_cast<const char*>(at) + kDotAheadBytes);
+        const __m512bh w = (__m512bh)_mm512_loadu_si512(at);
 #pragma GCC unroll 8
         for (int i = 0; i < MB; ++i) acc[p % C][i][h] = dot_broadcast(acc[p % C][i][h], w, xr[i] + s * 16 + p);
       }
@@ -70,7 +87,10 @@ static inline void dot_packed_pass(const uint16_t* x, const uint16_t* block, con
     if (rows != MB)
       return dot_packed_pass<MB - 1>(x, block, bias, out, N, K, m0, n, aligned, rows);
   }
-  dot_packed_tile<MB>(x, block, bias, out, N, K, m0, n, aligned);
+  if (m0 == 0 && MB >= kDotAheadRows && graphrt_native::kAmdStreams)
+    dot_packed_tile<MB, true>(x, block, bias, out, N, K, m0, n, aligned);
+  else
+    dot_packed_tile<MB, false>(x, block, bias, out, N, K, m0, n, aligned);
 }
 
 // out [M, N] bf16 over output columns [n0, n1) (multiples of 32); x bf16 [M, K], any M, K a
@@ -89,7 +109,7 @@ static void dot_packed_rows(const uint16_t* x, const uint16_t* w, const float* b
 
 // One activation row against S blocks of 32 columns at once, each read front to back: S streams
 // together, the pair of activations broadcast from memory for each. Each block's sums are added
-// as dot_packed_tile<1> adds them, so the result is the same bits.
+// as dot_packed_tile<1, false> adds them, so the result is the same bits.
 template <int S>
 static inline void dot_packed_streams(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* out,
                                       int64_t K, const int64_t (&n)[S], bool aligned) {

@@ -22,10 +22,15 @@ struct FmaPolicy {
   static float reduce(Acc a) { return hsum(a); }
 };
 
-// Weight rows kBlocksAhead blocks ahead are prefetched while a block streams (first pass
-// only; later passes over the block hit L1): hardware prefetchers alone leave the memory idle
-// between row blocks once several activation rows lengthen each block's arithmetic.
-// With two or more activation rows, the pair prefetch_l2 / prefetch_near instead (isa_kernels.h).
+// How a tile's first pass over its weight rows requests them (later passes, for more activation
+// rows, find the rows in L1): hardware prefetchers alone leave the memory idle between row blocks
+// once several activation rows lengthen each block's arithmetic.
+//   kPair   the rows kBlocksAhead blocks ahead while a block streams: with one activation row
+//           into L1, with two or more the pair prefetch_l2 / prefetch_near (isa_kernels.h);
+//   kAhead  each weight row's line kAheadBytes further on into L1 as the row is read (below);
+//   kNone   a later pass.
+enum class Prefetch { kNone, kPair, kAhead };
+
 // Cold fp32 weights on an Intel Xeon, both threads: 8 rows 24.2 -> 29.3 GB/s on the gate/up shape
 // and 24.2 -> 25.8 on down, 4 rows 28.8 -> 31.4 and 25.9 -> 30.8, 2 rows 34.3 -> 35.4 and 28.0 ->
 // 32.9 (a plain read: 30-32). On an AMD EPYC of family 19h (a 32 KiB L1) the far prefetch into L1
@@ -33,6 +38,20 @@ struct FmaPolicy {
 // rows 13-20 -> 18-26, 2 rows 19-27 -> 25-29. One row keeps the far prefetch into L1, which
 // measured 37.2 against 36.2 GB/s on the Xeon.
 constexpr int kBlocksAhead = 4;
+
+// fp32 weights on AMD with AVX-512, two to kAheadMaxRows activation rows over the whole of K:
+// kAhead. There the pair left the stream short, where each weight row is one front-to-back
+// stream that a request 8 KiB ahead keeps in flight (as for the packed bf16 product,
+// dot_packed_gemm.h). On a family-1Ah EPYC, SmolLM2's shapes, 192 MiB of cold matrices a shape,
+// alternated in one process (the log's "A twelfth day"): two rows 55.7-68.7 -> 66.4-87.7 GB/s, four
+// 56.0-77.6 -> 64.8-84.8, eight (3 x 8 tiles) 42.7 -> 45.0 on qkv and 48.8 -> 51.3 on the LM head;
+// an fp32 engine, alternated step by step: batch 2 11.92 -> 11.30 ms a step, 4 9.85 -> 8.77, 8
+// 12.24 -> 11.75; in a fast phase (a `sum` at 75-79 GB/s) eight rows 40.5-69.1 -> 43.5-73.3 cold
+// on the five shapes (down, chunked, unchanged at 47.6). Sixteen rows lost with it (two passes of eight, their activations and the
+// requests overflowing L1: batch 16 21.01 -> 22.88 ms), as did K in chunks (the down projection
+// at eight rows, kWideChunkK: its rows' next bytes are another chunk's), so those keep the pair.
+constexpr int64_t kAheadBytes = 8 << 10;
+constexpr int64_t kAheadMaxRows = 8;
 
 // The far prefetch of one weight row's line, and (with two or more rows) the near one.
 template <int MB>
@@ -51,7 +70,7 @@ static inline void near_prefetch(const void* p) {
 // NB weight rows against MB activation rows held in registers (NB x MB accumulators), over K's
 // values [k_begin, k_end), their sums written to y (added to it with `add`); when
 // M > MB, the next MB rows re-read the same NB weight rows from L1 (NB rows of K <= 2048 fit).
-template <typename P, typename W, int NB, int MB, bool PREFETCH>
+template <typename P, typename W, int NB, int MB, Prefetch PF>
 static inline void tile(const typename P::X* x, const W* w, float* y, int64_t N, int64_t K, int64_t n0, int64_t m0,
                         int64_t n_end, int64_t k_begin, int64_t k_end, bool add) {
   typename P::Acc acc[MB][NB];
@@ -66,13 +85,17 @@ static inline void tile(const typename P::X* x, const W* w, float* y, int64_t N,
     typename P::WV wv[NB];
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) wv[j] = P::loadw(wr + j * K + k);
-    if constexpr (PREFETCH) {
+    if constexpr (PF == Prefetch::kPair) {
       if (n0 + (kBlocksAhead + 1) * NB <= n_end) {
 #pragma GCC unroll 8
         for (int j = 0; j < NB; ++j) far_prefetch<MB>(wr + (kBlocksAhead * NB + j) * K + k);
       }
 #pragma GCC unroll 8
       for (int j = 0; j < NB; ++j) near_prefetch<MB>(wr + j * K + k);
+    }
+    if constexpr (PF == Prefetch::kAhead) {
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) __builtin_prefetch(reinterpret_cast<const char*>(wr + j * K + k) + kAheadBytes);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) {
@@ -96,36 +119,36 @@ static inline void tile(const typename P::X* x, const W* w, float* y, int64_t N,
 }
 
 // A tile of exactly `rows` (<= MB) activation rows, so accumulators stay in registers; the first
-// pass over a row block prefetches the blocks ahead.
-template <typename P, typename W, int NB, int MB>
+// pass over a row block requests the weights ahead as PF says.
+template <typename P, typename W, int NB, int MB, Prefetch PF>
 static inline void tile_rows(const typename P::X* x, const W* w, float* y, int64_t N, int64_t K, int64_t n0,
                              int64_t m0, int64_t n_end, int64_t rows, int64_t k0, int64_t k1, bool add) {
   if constexpr (MB > 0) {
-    if (rows != MB) return tile_rows<P, W, NB, MB - 1>(x, w, y, N, K, n0, m0, n_end, rows, k0, k1, add);
-    if (m0 == 0) return tile<P, W, NB, MB, true>(x, w, y, N, K, n0, m0, n_end, k0, k1, add);
-    tile<P, W, NB, MB, false>(x, w, y, N, K, n0, m0, n_end, k0, k1, add);
+    if (rows != MB) return tile_rows<P, W, NB, MB - 1, PF>(x, w, y, N, K, n0, m0, n_end, rows, k0, k1, add);
+    if (m0 == 0) return tile<P, W, NB, MB, PF>(x, w, y, N, K, n0, m0, n_end, k0, k1, add);
+    tile<P, W, NB, MB, Prefetch::kNone>(x, w, y, N, K, n0, m0, n_end, k0, k1, add);
   }
 }
 
-template <typename P, typename W, int NB, int MB>
+template <typename P, typename W, int NB, int MB, Prefetch PF>
 static inline void row_block(const typename P::X* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
                              int64_t n_end, int64_t k0, int64_t k1, bool add) {
   for (int64_t m0 = 0; m0 < M; m0 += MB)
-    tile_rows<P, W, NB, MB>(x, w, y, N, K, n0, m0, n_end, std::min<int64_t>(MB, M - m0), k0, k1, add);
+    tile_rows<P, W, NB, MB, PF>(x, w, y, N, K, n0, m0, n_end, std::min<int64_t>(MB, M - m0), k0, k1, add);
 }
 
 // Output columns [n_begin, n_end) in row blocks of NB weight rows; with k_chunk > 0, the blocks
 // are walked once a chunk of k_chunk values of K (a multiple of the vector width), each chunk's
 // sums added to the last one's.
-template <typename P, typename W, int NB, int MB>
+template <typename P, typename W, int NB, int MB, Prefetch PF>
 static inline void row_blocks(const typename P::X* x, const W* w, float* y, int64_t M, int64_t N, int64_t K,
                               int64_t n_begin, int64_t n_end, int64_t k_chunk = 0) {
   int64_t k0 = 0;
   do {
     const int64_t k1 = k_chunk > 0 ? std::min(K, k0 + k_chunk) : K;
     int64_t n = n_begin;
-    for (; n + NB <= n_end; n += NB) row_block<P, W, NB, MB>(x, w, y, M, N, K, n, n_end, k0, k1, k0 > 0);
-    for (; n < n_end; ++n) row_block<P, W, 1, MB>(x, w, y, M, N, K, n, n_end, k0, k1, k0 > 0);
+    for (; n + NB <= n_end; n += NB) row_block<P, W, NB, MB, PF>(x, w, y, M, N, K, n, n_end, k0, k1, k0 > 0);
+    for (; n < n_end; ++n) row_block<P, W, 1, MB, PF>(x, w, y, M, N, K, n, n_end, k0, k1, k0 > 0);
     k0 = k1;
   } while (k0 < K);
 }
@@ -215,19 +238,30 @@ constexpr int64_t kWideChunkAbove = 48 << 10;
 
 // Output columns [n_begin, n_end): one thread's share. One row: the three streams above on AMD,
 // weight rows in pairs elsewhere (kAmdStreams). Up to GRT_SMALL_MB rows: tiles of GRT_SMALL_NB
-// weight rows (one: a single front-to-back stream, which measured fastest for 2-4 rows); more rows: GRT_WIDE_NB weight rows x GRT_WIDE_MB activation
-// rows, so each weight vector, once in a register, serves that many rows (kWideNbAmdF32 of them
-// for fp32 weights on AMD).
+// weight rows (one: a single front-to-back stream, which measured fastest for 2-4 rows); more
+// rows: GRT_WIDE_NB weight rows x GRT_WIDE_MB activation rows, so each weight vector, once in a
+// register, serves that many rows (kWideNbAmdF32 of them for fp32 weights on AMD). The weights
+// are requested ahead as `Prefetch` says: kAhead for fp32 on AMD from two to kAheadMaxRows rows
+// over the whole of K, kPair otherwise.
 template <typename P, typename W>
 static void skinny_gemm(const typename P::X* x, const W* w, float* y, int64_t M, int64_t N, int64_t K,
                         int64_t n_begin, int64_t n_end) {
+  constexpr bool kF32 = std::is_same_v<P, FmaPolicy<float>>;
+  constexpr Prefetch kPair = Prefetch::kPair, kAhead = Prefetch::kAhead;
   if (M == 1 && graphrt_native::kAmdStreams) return gemv<P, W>(x, w, y, K, n_begin, n_end);
-  if (M == 1) return row_blocks<P, W, 2, 1>(x, w, y, M, N, K, n_begin, n_end);
-  if (M <= GRT_SMALL_MB) return row_blocks<P, W, GRT_SMALL_NB, GRT_SMALL_MB>(x, w, y, M, N, K, n_begin, n_end);
-  if constexpr (std::is_same_v<P, FmaPolicy<float>>)
+  if (M == 1) return row_blocks<P, W, 2, 1, kPair>(x, w, y, M, N, K, n_begin, n_end);
+  const bool ahead = kF32 && GRT_VEC_BYTES == 64 && graphrt_native::kAmdStreams && M <= kAheadMaxRows;
+  if (M <= GRT_SMALL_MB) {
+    if (ahead) return row_blocks<P, W, GRT_SMALL_NB, GRT_SMALL_MB, kAhead>(x, w, y, M, N, K, n_begin, n_end);
+    return row_blocks<P, W, GRT_SMALL_NB, GRT_SMALL_MB, kPair>(x, w, y, M, N, K, n_begin, n_end);
+  }
+  if constexpr (kF32)
     if (graphrt_native::kAmdStreams) {
-      const bool chunked = M * K * int64_t(sizeof(float)) >= kWideChunkAbove;
-      return row_blocks<P, W, kWideNbAmdF32, GRT_WIDE_MB>(x, w, y, M, N, K, n_begin, n_end, chunked ? kWideChunkK : 0);
+      constexpr int NB = kWideNbAmdF32, MB = GRT_WIDE_MB;
+      if (M * K * int64_t(sizeof(float)) >= kWideChunkAbove)
+        return row_blocks<P, W, NB, MB, kPair>(x, w, y, M, N, K, n_begin, n_end, kWideChunkK);
+      if (ahead) return row_blocks<P, W, NB, MB, kAhead>(x, w, y, M, N, K, n_begin, n_end);
+      return row_blocks<P, W, NB, MB, kPair>(x, w, y, M, N, K, n_begin, n_end);
     }
-  row_blocks<P, W, GRT_WIDE_NB, GRT_WIDE_MB>(x, w, y, M, N, K, n_begin, n_end);
+  row_blocks<P, W, GRT_WIDE_NB, GRT_WIDE_MB, kPair>(x, w, y, M, N, K, n_begin, n_end);
 }

@@ -20,7 +20,8 @@
 
 constexpr int kDotPackedRows = 8;
 
-// With four or more activation rows on AMD, the first pass over a block requests each weight
+// With four or more activation rows on AMD (where the requests fit L1 beside the pass's
+// activations: ahead_fits, isa_kernels.h), the first pass over a block requests each weight
 // vector's line kDotAheadBytes further on into L1 as it reads the vector: with four to eight dot
 // products a vector the core did not keep enough of the stream in flight, and the hardware
 // prefetchers alone left the memory partly idle. On a family-1Ah EPYC, SmolLM2's shapes, 256 MiB
@@ -87,7 +88,8 @@ static inline void dot_packed_pass(const uint16_t* x, const uint16_t* block, con
     if (rows != MB)
       return dot_packed_pass<MB - 1>(x, block, bias, out, N, K, m0, n, aligned, rows);
   }
-  if (m0 == 0 && MB >= kDotAheadRows && graphrt_native::kAmdStreams)
+  if (m0 == 0 && MB >= kDotAheadRows && graphrt_native::kAmdStreams &&
+      graphrt_native::ahead_fits(1, kDotAheadBytes, MB * K * int64_t(sizeof(uint16_t))))
     dot_packed_tile<MB, true>(x, block, bias, out, N, K, m0, n, aligned);
   else
     dot_packed_tile<MB, false>(x, block, bias, out, N, K, m0, n, aligned);

@@ -357,6 +357,15 @@ static bool amd_streams() {
 
 const bool kAmdStreams = amd_streams();
 
+static int64_t l1d_bytes() {
+#if defined(_SC_LEVEL1_DCACHE_SIZE)
+  if (const long bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE); bytes > 0) return bytes;
+#endif
+  return int64_t(32) << 10;
+}
+
+const int64_t kL1dBytes = l1d_bytes();
+
 const IsaKernels& isa_kernels() {
   static const IsaKernels chosen = choose();
   return chosen;

@@ -39,8 +39,8 @@ enum class Prefetch { kNone, kPair, kAhead };
 // measured 37.2 against 36.2 GB/s on the Xeon.
 constexpr int kBlocksAhead = 4;
 
-// fp32 weights on AMD with AVX-512, two to kAheadMaxRows activation rows over the whole of K:
-// kAhead. There the pair left the stream short, where each weight row is one front-to-back
+// fp32 weights on AMD with AVX-512, two to kAheadMaxRows activation rows over the whole of K,
+// where the requests fit L1 beside the rows' activations (ahead_fits, isa_kernels.h): kAhead. There the pair left the stream short, where each weight row is one front-to-back
 // stream that a request 8 KiB ahead keeps in flight (as for the packed bf16 product,
 // dot_packed_gemm.h). On a family-1Ah EPYC, SmolLM2's shapes, 192 MiB of cold matrices a shape,
 // alternated in one process (the log's "A twelfth day"): two rows 55.7-68.7 -> 66.4-87.7 GB/s, four
@@ -250,9 +250,14 @@ static void skinny_gemm(const typename P::X* x, const W* w, float* y, int64_t M,
   constexpr Prefetch kPair = Prefetch::kPair, kAhead = Prefetch::kAhead;
   if (M == 1 && graphrt_native::kAmdStreams) return gemv<P, W>(x, w, y, K, n_begin, n_end);
   if (M == 1) return row_blocks<P, W, 2, 1, kPair>(x, w, y, M, N, K, n_begin, n_end);
-  const bool ahead = kF32 && GRT_VEC_BYTES == 64 && graphrt_native::kAmdStreams && M <= kAheadMaxRows;
+  // each of a tile's weight rows is a stream, and a row block reads every activation row
+  const auto ahead = [&](int64_t streams) {
+    return kF32 && GRT_VEC_BYTES == 64 && graphrt_native::kAmdStreams && M <= kAheadMaxRows &&
+           graphrt_native::ahead_fits(streams, kAheadBytes, M * K * int64_t(sizeof(float)));
+  };
   if (M <= GRT_SMALL_MB) {
-    if (ahead) return row_blocks<P, W, GRT_SMALL_NB, GRT_SMALL_MB, kAhead>(x, w, y, M, N, K, n_begin, n_end);
+    if (ahead(GRT_SMALL_NB))
+      return row_blocks<P, W, GRT_SMALL_NB, GRT_SMALL_MB, kAhead>(x, w, y, M, N, K, n_begin, n_end);
     return row_blocks<P, W, GRT_SMALL_NB, GRT_SMALL_MB, kPair>(x, w, y, M, N, K, n_begin, n_end);
   }
   if constexpr (kF32)
@@ -260,7 +265,7 @@ static void skinny_gemm(const typename P::X* x, const W* w, float* y, int64_t M,
       constexpr int NB = kWideNbAmdF32, MB = GRT_WIDE_MB;
       if (M * K * int64_t(sizeof(float)) >= kWideChunkAbove)
         return row_blocks<P, W, NB, MB, kPair>(x, w, y, M, N, K, n_begin, n_end, kWideChunkK);
-      if (ahead) return row_blocks<P, W, NB, MB, kAhead>(x, w, y, M, N, K, n_begin, n_end);
+      if (ahead(NB)) return row_blocks<P, W, NB, MB, kAhead>(x, w, y, M, N, K, n_begin, n_end);
       return row_blocks<P, W, NB, MB, kPair>(x, w, y, M, N, K, n_begin, n_end);
     }
   row_blocks<P, W, GRT_WIDE_NB, GRT_WIDE_MB, kPair>(x, w, y, M, N, K, n_begin, n_end);

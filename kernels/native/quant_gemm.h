@@ -226,7 +226,8 @@ static void quant_gemm(const float* x, const QuantRows& w, float* y, int64_t M, 
   if (M > kQMaxRows) {
     for (; n + GRT_WIDE_NB <= n_end; n += GRT_WIDE_NB) {
       for (int r = 0; r < GRT_WIDE_NB; ++r) dequantize_row<BITS>(w, n + r, wf + r * K, sc, mn);
-      row_block<FmaPolicy<float>, float, GRT_WIDE_NB, GRT_WIDE_MB, Prefetch::kPair>(x, wf, y + n, M, N, K, 0, GRT_WIDE_NB, 0, K, false);
+      row_block<FmaPolicy<float>, float, GRT_WIDE_NB, GRT_WIDE_MB, Prefetch::kPair>(x, wf, y + n, M, N, K, 0,
+                                                                                    GRT_WIDE_NB, 0, K, false);
     }
   }
   for (; n < n_end; ++n) {

@@ -40,16 +40,18 @@ enum class Prefetch { kNone, kPair, kAhead };
 constexpr int kBlocksAhead = 4;
 
 // fp32 weights on AMD with AVX-512, two to kAheadMaxRows activation rows over the whole of K,
-// where the requests fit L1 beside the rows' activations (ahead_fits, isa_kernels.h): kAhead. There the pair left the stream short, where each weight row is one front-to-back
-// stream that a request 8 KiB ahead keeps in flight (as for the packed bf16 product,
-// dot_packed_gemm.h). On a family-1Ah EPYC, SmolLM2's shapes, 192 MiB of cold matrices a shape,
-// alternated in one process (the log's "A twelfth day"): two rows 55.7-68.7 -> 66.4-87.7 GB/s, four
-// 56.0-77.6 -> 64.8-84.8, eight (3 x 8 tiles) 42.7 -> 45.0 on qkv and 48.8 -> 51.3 on the LM head;
-// an fp32 engine, alternated step by step: batch 2 11.92 -> 11.30 ms a step, 4 9.85 -> 8.77, 8
-// 12.24 -> 11.75; in a fast phase (a `sum` at 75-79 GB/s) eight rows 40.5-69.1 -> 43.5-73.3 cold
-// on the five shapes (down, chunked, unchanged at 47.6). Sixteen rows lost with it (two passes of eight, their activations and the
-// requests overflowing L1: batch 16 21.01 -> 22.88 ms), as did K in chunks (the down projection
-// at eight rows, kWideChunkK: its rows' next bytes are another chunk's), so those keep the pair.
+// where the requests fit L1 beside the rows' activations (ahead_fits, isa_kernels.h): kAhead.
+// There the pair left the stream short, where each weight row is one front-to-back stream that a
+// request 8 KiB ahead keeps in flight (as for the packed bf16 product, dot_packed_gemm.h). On a
+// family-1Ah EPYC, SmolLM2's shapes, 192 MiB of cold matrices a shape, alternated in one process
+// (the log's "A twelfth day"): two rows 55.7-68.7 -> 66.4-87.7 GB/s, four 56.0-77.6 ->
+// 64.8-84.8, eight (3 x 8 tiles) 42.7 -> 45.0 on qkv and 48.8 -> 51.3 on the LM head, and in a
+// fast phase (a `sum` at 75-79 GB/s) 40.5-69.1 -> 43.5-73.3 on the five shapes (down, K in
+// chunks, unchanged at 47.6); an fp32 engine, alternated step by step: batch 2 11.92 -> 11.30 ms
+// a step, 4 9.85 -> 8.77, 8 12.24 -> 11.75. Sixteen rows lost with it (two passes of eight, their
+// activations and the requests overflowing L1: batch 16 21.01 -> 22.88 ms), as did K in chunks
+// (the down projection at eight rows, kWideChunkK: its rows' next bytes are another chunk's), so
+// those keep the pair.
 constexpr int64_t kAheadBytes = 8 << 10;
 constexpr int64_t kAheadMaxRows = 8;
 

@@ -13,7 +13,7 @@
 // weight vector in registers, each pair the instruction's embedded broadcast; more rows take
 // further passes over the block, which the first pass left in cache. A k-step is read in memory
 // order (the first half's 16 vectors, then the second's) and a block is one stream read front to
-// back. At four or more rows on AMD its lines are requested 8 KiB ahead (kDotAheadBytes, below);
+// back. At four or more rows on AMD its lines are requested 8 KiB ahead (kDotAheadRows, below);
 // 1 or 2 KiB ahead had measured the same or slower on an AMD EPYC of family 19h.
 // Below four rows two accumulators a row and half take turns, so that one row's dot products do
 // not wait on each other.
@@ -22,7 +22,7 @@ constexpr int kDotPackedRows = 8;
 
 // With four or more activation rows on AMD (where the requests fit L1 beside the pass's
 // activations: ahead_fits, isa_kernels.h), the first pass over a block requests each weight
-// vector's line kDotAheadBytes further on into L1 as it reads the vector: with four to eight dot
+// vector's line kAheadBytes further on into L1 as it reads the vector: with four to eight dot
 // products a vector the core did not keep enough of the stream in flight, and the hardware
 // prefetchers alone left the memory partly idle. On a family-1Ah EPYC, SmolLM2's shapes, 256 MiB
 // of cold matrices a shape, alternated in one process: eight rows 33.4-53.6 -> 46.2-66.1 GB/s on
@@ -32,7 +32,6 @@ constexpr int kDotPackedRows = 8;
 // one row's three streams (dot_packed_row_streams) read 1-6% slower with it: neither takes it.
 // 6 KiB ahead and 12-16 KiB measured about the same as 8, and into L2 a little slower than into
 // L1 (the log's "A twelfth day").
-constexpr int64_t kDotAheadBytes = 8 << 10;
 constexpr int kDotAheadRows = 4;
 
 // acc + the pairwise products of w and the pair at `pair` in every lane: one instruction, the pair
@@ -64,7 +63,7 @@ static inline void dot_packed_tile(const uint16_t* x, const uint16_t* block, con
 #pragma GCC unroll 16
       for (int p = 0; p < 16; ++p) {
         const uint16_t* at = step + h * 512 + p * 32;
-        if constexpr (PREFETCH) __builtin_prefetch(reinterpret_cast<const char*>(at) + kDotAheadBytes);
+        if constexpr (PREFETCH) prefetch_ahead(at);
         const __m512bh w = (__m512bh)_mm512_loadu_si512(at);
 #pragma GCC unroll 8
         for (int i = 0; i < MB; ++i) acc[p % C][i][h] = dot_broadcast(acc[p % C][i][h], w, xr[i] + s * 16 + p);
@@ -89,7 +88,7 @@ static inline void dot_packed_pass(const uint16_t* x, const uint16_t* block, con
       return dot_packed_pass<MB - 1>(x, block, bias, out, N, K, m0, n, aligned, rows);
   }
   if (m0 == 0 && MB >= kDotAheadRows && graphrt_native::kAmdStreams &&
-      graphrt_native::ahead_fits(1, kDotAheadBytes, MB * K * int64_t(sizeof(uint16_t))))
+      graphrt_native::ahead_fits(1, MB * K * int64_t(sizeof(uint16_t))))
     dot_packed_tile<MB, true>(x, block, bias, out, N, K, m0, n, aligned);
   else
     dot_packed_tile<MB, false>(x, block, bias, out, N, K, m0, n, aligned);

@@ -168,15 +168,19 @@ const IsaKernels& isa_kernels();
 // GRAPHRT_CPU_TUNING=amd|intel overrides the vendor's choice.
 extern const bool kAmdStreams;
 
+// How far ahead of each weight stream products of two to eight rows on AMD request its lines into
+// L1 (prefetch_ahead, below: the fp32 skinny GEMM's kAhead, the packed bf16 product).
+constexpr int64_t kAheadBytes = 8 << 10;
+
 // The core's L1 data cache in bytes (the OS's figure; 32 KiB where it gives none), and whether a
-// product's requests `ahead` bytes ahead on each of `streams` weight streams fit in it beside the
+// product's requests kAheadBytes ahead on each of `streams` weight streams fit in it beside the
 // activation rows it reads (skinny_gemm.h, dot_packed_gemm.h): where they do not, the lines
 // requested evict the activations before they are read again (sixteen fp32 rows of 576, 36 KiB,
 // beside three streams' 24 KiB on a 48 KiB L1: the requests lost 4-8%, where eight rows gained
 // 5-10%).
 extern const int64_t kL1dBytes;
-inline bool ahead_fits(int64_t streams, int64_t ahead, int64_t activation_bytes) {
-  return streams * ahead + activation_bytes <= kL1dBytes;
+inline bool ahead_fits(int64_t streams, int64_t activation_bytes) {
+  return streams * kAheadBytes + activation_bytes <= kL1dBytes;
 }
 
 // Whether paged attention reads each work item of new keys first, with plain loads, rather than
@@ -200,6 +204,11 @@ static inline void stream_prefetch(const void* p) {
 constexpr int64_t kNearAheadBytes = 1024;
 static inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 static inline void prefetch_near(const void* p) { __builtin_prefetch(static_cast<const char*>(p) + kNearAheadBytes); }
+
+// The line graphrt_native::kAheadBytes on from a weight vector, into L1.
+static inline void prefetch_ahead(const void* p) {
+  __builtin_prefetch(static_cast<const char*>(p) + graphrt_native::kAheadBytes);
+}
 
 namespace graphrt_native {
 

@@ -27,7 +27,8 @@ struct FmaPolicy {
 // once several activation rows lengthen each block's arithmetic.
 //   kPair   the rows kBlocksAhead blocks ahead while a block streams: with one activation row
 //           into L1, with two or more the pair prefetch_l2 / prefetch_near (isa_kernels.h);
-//   kAhead  each weight row's line kAheadBytes further on into L1 as the row is read (below);
+//   kAhead  each weight row's line kAheadBytes further on into L1 as the row is read
+//           (prefetch_ahead, isa_kernels.h; where, below);
 //   kNone   a later pass.
 enum class Prefetch { kNone, kPair, kAhead };
 
@@ -52,7 +53,6 @@ constexpr int kBlocksAhead = 4;
 // activations and the requests overflowing L1: batch 16 21.01 -> 22.88 ms), as did K in chunks
 // (the down projection at eight rows, kWideChunkK: its rows' next bytes are another chunk's), so
 // those keep the pair.
-constexpr int64_t kAheadBytes = 8 << 10;
 constexpr int64_t kAheadMaxRows = 8;
 
 // The far prefetch of one weight row's line, and (with two or more rows) the near one.
@@ -97,7 +97,7 @@ static inline void tile(const typename P::X* x, const W* w, float* y, int64_t N,
     }
     if constexpr (PF == Prefetch::kAhead) {
 #pragma GCC unroll 8
-      for (int j = 0; j < NB; ++j) __builtin_prefetch(reinterpret_cast<const char*>(wr + j * K + k) + kAheadBytes);
+      for (int j = 0; j < NB; ++j) prefetch_ahead(wr + j * K + k);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) {
@@ -255,7 +255,7 @@ static void skinny_gemm(const typename P::X* x, const W* w, float* y, int64_t M,
   // each of a tile's weight rows is a stream, and a row block reads every activation row
   const auto ahead = [&](int64_t streams) {
     return kF32 && GRT_VEC_BYTES == 64 && graphrt_native::kAmdStreams && M <= kAheadMaxRows &&
-           graphrt_native::ahead_fits(streams, kAheadBytes, M * K * int64_t(sizeof(float)));
+           graphrt_native::ahead_fits(streams, M * K * int64_t(sizeof(float)));
   };
   if (M <= GRT_SMALL_MB) {
     if (ahead(GRT_SMALL_NB))

@@ -185,6 +185,7 @@ static void gemm_bf16_packed(const uint16_t* x, const uint16_t* w, const float* 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 namespace vnni {
+#include "lane_tree.h"
 #include "vnni_quant_gemm.h"
 #include "tile_fold.h"
 #include "tile_quant_gemm.h"

@@ -64,25 +64,12 @@ static inline float hsum(vf v) {
 #if __has_builtin(__builtin_shufflevector)
 // (A macro outlives the namespace whose simd.h defined it: users test GRT_VEC_BYTES == 64 too.)
 #define GRT_LANE_SUMS 1
+#include "lane_tree.h"
 // The sums of 16 vectors at once: lane j of the result is the sum of a[j]'s lanes, added in the
-// same order as hsum (so each equals hsum(a[j]) bit for bit). A tree of 15 pairings, each two
-// shuffles and an add, then one permute: about 50 instructions where 16 horizontal sums take about
-// 200 (paged attention's scores of 16 keys in one vector).
+// same order as hsum (so each equals hsum(a[j]) bit for bit): paged attention's scores of 16 keys
+// in one vector.
 static inline vf lane_sums(const vf* a) {
-  vf t[8], u[4], v[2];
-  for (int p = 0; p < 8; ++p)  // 128-bit lanes: a key's (0 + 2, 1 + 3); keys 2p, 2p + 1
-    t[p] = __builtin_shufflevector(a[2 * p], a[2 * p + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-           __builtin_shufflevector(a[2 * p], a[2 * p + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  for (int p = 0; p < 4; ++p)  // then their sum: 128-bit lane j holds key 4p + j's four partial sums
-    u[p] = __builtin_shufflevector(t[2 * p], t[2 * p + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-           __builtin_shufflevector(t[2 * p], t[2 * p + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  for (int p = 0; p < 2; ++p)  // within each 128-bit lane j: keys 8p + j, 8p + 4 + j, (0 + 2, 1 + 3) each
-    v[p] = __builtin_shufflevector(u[2 * p], u[2 * p + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
-           __builtin_shufflevector(u[2 * p], u[2 * p + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-  // lane 4j + i: key 4i + j
-  const vf w = __builtin_shufflevector(v[0], v[1], 0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30) +
-               __builtin_shufflevector(v[0], v[1], 1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31);
-  return __builtin_shufflevector(w, w, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return lane_tree(a, [](vf x, vf y) { return x + y; });
 }
 
 // 32 bf16 values as two fp32 vectors, lane l of `even` value 2l and of `odd` value 2l + 1 (the

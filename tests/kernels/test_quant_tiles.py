@@ -126,14 +126,15 @@ def test_the_digits_keep_fifteen_bits_of_each_blocks_largest_activation(kind):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("m", [1, 5, 20])
-def test_a_non_finite_activation_stays_in_its_row(m, bits):
-    w = torch.randn(32, 96, generator=torch.Generator().manual_seed(1))
+@pytest.mark.parametrize("k", [96, 576])  # three blocks packed one at a time; 18, sixteen of them together
+def test_a_non_finite_activation_stays_in_its_row(m, bits, k):
+    w = torch.randn(32, k, generator=torch.Generator().manual_seed(1))
     q = quantize_int4(w) if bits == 4 else (*quantize_int8(w), None)
     tiles = to_tiles(*q)
     w = dequantize_torch(*q, torch.float64)
     bad_row = m // 2
-    for bad in (float("nan"), float("inf")):
-        x = torch.randn(m, 96, generator=torch.Generator().manual_seed(2))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(2))
         x[bad_row, 40] = bad
         got = kernels.linear_tiles(x, tiles).double()
         assert not torch.isfinite(got[bad_row]).all()

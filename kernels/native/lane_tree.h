@@ -2,7 +2,12 @@
 // `op`, pairing them as hsum does (simd.h: halves, then quarters, then (0 + 2) + (1 + 3)), so a
 // sum equals hsum(a[j]) and _mm512_reduce_add_ps(a[j]) bit for bit. A tree of 15 pairings, each
 // two shuffles and an op, then one permute: about 50 instructions where 16 horizontal reductions
-// take about 200. No include guard: included in each instruction set's namespace.
+// take about 200. No include guard: included in each instruction set's namespace. Where the
+// compiler has no __builtin_shufflevector, GRT_LANE_TREE stays undefined and users keep their
+// one-at-a-time reductions.
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define GRT_LANE_TREE 1
 template <typename V, typename Op>
 static inline V lane_tree(const V* a, Op op) {
   V t[8], u[4], v[2];
@@ -23,3 +28,5 @@ static inline V lane_tree(const V* a, Op op) {
                  __builtin_shufflevector(v[0], v[1], 1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31));
   return __builtin_shufflevector(w, w, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
 }
+#endif
+#endif

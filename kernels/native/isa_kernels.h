@@ -209,7 +209,3 @@ static inline void prefetch_near(const void* p) { __builtin_prefetch(static_cast
 static inline void prefetch_ahead(const void* p) {
   __builtin_prefetch(static_cast<const char*>(p) + graphrt_native::kAheadBytes);
 }
-
-namespace graphrt_native {
-
-}  // namespace graphrt_native

@@ -60,11 +60,11 @@ static inline float hsum(vf v) {
   return (s[0] + s[2]) + (s[1] + s[3]);
 }
 
-#if GRT_VEC_BYTES == 64 && defined(__has_builtin)
-#if __has_builtin(__builtin_shufflevector)
+#if GRT_VEC_BYTES == 64
+#include "lane_tree.h"
+#if defined(GRT_LANE_TREE)
 // (A macro outlives the namespace whose simd.h defined it: users test GRT_VEC_BYTES == 64 too.)
 #define GRT_LANE_SUMS 1
-#include "lane_tree.h"
 // The sums of 16 vectors at once: lane j of the result is the sum of a[j]'s lanes, added in the
 // same order as hsum (so each equals hsum(a[j]) bit for bit): paged attention's scores of 16 keys
 // in one vector.

@@ -84,13 +84,10 @@ static inline void tiles_pack_sixteen(const float* xb, int nb, uint8_t* digits, 
       continue;
     }
     const __m512 x0 = _mm512_loadu_ps(xb + 32 * j), x1 = _mm512_loadu_ps(xb + 32 * j + 16);
-    const __m512 invj = _mm512_permutexvar_ps(_mm512_set1_epi32(j), inv);
-    const __m512 v0 = _mm512_mul_ps(x0, invj), v1 = _mm512_mul_ps(x1, invj);
-    const __m512i d0a = _mm512_cvtps_epi32(v0), d0b = _mm512_cvtps_epi32(v1);
-    const __m512i d1a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v0, _mm512_cvtepi32_ps(d0a)), step));
-    const __m512i d1b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v1, _mm512_cvtepi32_ps(d0b)), step));
+    __m512i d[4];
+    vnni_digit_lanes(x0, x1, _mm512_permutexvar_ps(_mm512_set1_epi32(j), inv), d);
     // saturated to bytes twice (to int16, then int8): the saturation to int8 of vnni_block_digits
-    const __m512i bytes = _mm512_packs_epi16(_mm512_packs_epi32(d0a, d0b), _mm512_packs_epi32(d1a, d1b));
+    const __m512i bytes = _mm512_packs_epi16(_mm512_packs_epi32(d[0], d[1]), _mm512_packs_epi32(d[2], d[3]));
     const __m512i block = _mm512_permutexvar_epi32(order, bytes);
     _mm512_storeu_si512(digits + 64 * j, block);
     // below 2^24 in every lane and after the tree's sums, so exact in fp32

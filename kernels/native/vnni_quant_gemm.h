@@ -45,25 +45,31 @@ struct VnniLayout {
   static constexpr int64_t kRecord = graphrt_native::vnni_record_bytes(BITS);  // bytes of a row's group record
 };
 
+// The digits of a block's values as int32 lanes, before their saturation to bytes, under the
+// scale's inverse `inv` (0 for a block that is not finite): d[0], d[1] the first digits of values
+// 0..15 and 16..31 (nearest), d[2], d[3] the second.
+static inline void vnni_digit_lanes(__m512 x0, __m512 x1, __m512 inv, __m512i (&d)[4]) {
+  const __m512 step = _mm512_set1_ps(256.0f);
+  const __m512 v0 = _mm512_mul_ps(x0, inv), v1 = _mm512_mul_ps(x1, inv);  // within [-127, 127]
+  d[0] = _mm512_cvtps_epi32(v0);
+  d[1] = _mm512_cvtps_epi32(v1);
+  d[2] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v0, _mm512_cvtepi32_ps(d[0])), step));
+  d[3] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v1, _mm512_cvtepi32_ps(d[1])), step));
+}
+
 // One block of 32 activations (x0: values 0..15, x1: 16..31) as two int8 digits under the block's
 // scale s = max|x| / 127: digits[0], [1] the first digit of values 0..15 and 16..31, digits[2],
 // [3] the second, as saturated bytes. Returns the lane scale s / 256: 0 for a block of zeros, NaN
 // for one whose largest magnitude is not finite (that row's outputs are NaN, as in fp32).
 static inline float vnni_block_digits(__m512 x0, __m512 x1, __m128i (&digits)[4]) {
-  const __m512 step = _mm512_set1_ps(256.0f);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
   constexpr int kNonFinite = 0x01 | 0x08 | 0x10 | 0x80;  // NaNs and infinities (max drops NaNs)
   const bool finite = (_mm512_fpclass_ps_mask(x0, kNonFinite) | _mm512_fpclass_ps_mask(x1, kNonFinite)) == 0;
   const float s = std::max(amax, kVnniTiny) / 127.0f;
   const __m512 inv = _mm512_set1_ps(finite ? 1.0f / s : 0.0f);
-  const __m512 v0 = _mm512_mul_ps(x0, inv), v1 = _mm512_mul_ps(x1, inv);  // within [-127, 127]
-  const __m512i d0a = _mm512_cvtps_epi32(v0), d0b = _mm512_cvtps_epi32(v1);  // nearest
-  const __m512i d1a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v0, _mm512_cvtepi32_ps(d0a)), step));
-  const __m512i d1b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v1, _mm512_cvtepi32_ps(d0b)), step));
-  digits[0] = _mm512_cvtsepi32_epi8(d0a);
-  digits[1] = _mm512_cvtsepi32_epi8(d0b);
-  digits[2] = _mm512_cvtsepi32_epi8(d1a);
-  digits[3] = _mm512_cvtsepi32_epi8(d1b);
+  __m512i d[4];
+  vnni_digit_lanes(x0, x1, inv, d);
+  for (int i = 0; i < 4; ++i) digits[i] = _mm512_cvtsepi32_epi8(d[i]);
   return finite ? (amax == 0.0f ? 0.0f : s / 256.0f) : std::numeric_limits<float>::quiet_NaN();
 }
 

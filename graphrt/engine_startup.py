@@ -24,7 +24,7 @@ from graphrt.loader import LoadedModel, load_model, resolve_dtype
 from graphrt.lora.manager import LoRAManager
 from graphrt.lora.slots import AdapterSlots
 from graphrt.models.packed import use_packed_bf16
-from graphrt.models.quantized import use_quant_tiles
+from graphrt.models.quantized import is_quantized, use_quant_tiles
 from graphrt.multimodal.merge import install as install_mm
 from graphrt.passes import PassManager
 from graphrt.runner.decode_burst import DECODE_BURST
@@ -34,6 +34,7 @@ from graphrt.runner.huge_pages import in_huge_page_block, move_to_huge_pages
 from graphrt.runner.kv_cache import (
     KVCachePlan,
     allocate_kv_caches,
+    auto_kv_dtype,
     bytes_per_block,
     plan_kv_cache,
     resolve_kv_cache_dtype,
@@ -141,7 +142,9 @@ class EngineStartup:
         num_tokens = adopt(c.max_num_batched_tokens, shipped, "max_num_batched_tokens")
         self.block_size = adopt(c.cache.block_size, shipped, "block_size")
         kv_name = adopt(c.cache.kv_cache_dtype, shipped, "kv_cache_dtype")
-        self.kv_dtype = resolve_kv_cache_dtype(kv_name, self.dtype, cfg, c.backend)
+        quantized = is_quantized(self.loaded.model)
+        self.kv_dtype = resolve_kv_cache_dtype(kv_name, self.dtype, cfg, c.backend, quantized)
+        auto_kv = auto_kv_dtype(self.dtype, cfg, c.backend, quantized)
         spec_k = c.speculative_config.num_speculative_tokens if c.speculative_config is not None else 0
         self.sched_config = SchedulerConfig(
             num_seqs, min(num_tokens, self.max_model_len), self.max_model_len, num_seqs * (spec_k + 1) if spec_k else 0
@@ -165,7 +168,7 @@ class EngineStartup:
             c.grammar_backend,
             c.speculative_config.num_speculative_tokens if c.speculative_config is not None else 0,
             c.speculative_config.method if c.speculative_config is not None else "",
-            "auto" if self.kv_dtype == self.dtype else str(self.kv_dtype).removeprefix("torch."),
+            "auto" if self.kv_dtype == auto_kv else str(self.kv_dtype).removeprefix("torch."),
         )
         self.max_blocks = -(-self.max_model_len // self.block_size)
         self.spec = c.speculative_config

@@ -82,9 +82,11 @@ class LLM:
         are faulted in on a thread just ahead of the blocks handed out (in huge pages);
         ``prefault_kv_cache``: all of them, from start-up, so that a server reaches its steady
         speed once they are in (SmolLM2's 2.4 GB: seconds to a minute of background faults).
-        ``kv_cache_dtype``: "auto" keeps K/V in the model's dtype; "bfloat16" under a float32 model
-        halves the cache (twice the tokens in a budget, half the K/V a decode step reads), rounding
-        K/V to bf16 on the write while q, the scores and the outputs stay float32."""
+        ``kv_cache_dtype``: "bfloat16" under a float32 model halves the cache (twice the tokens in
+        a budget, half the K/V a decode step reads), rounding K/V to bf16 on the write while q, the
+        scores and the outputs stay float32; "float32" keeps them float32; "auto" keeps K/V in the
+        model's dtype, except under int4/int8 weights, where it is "bfloat16" (the weights' rounding
+        dwarfs the cache's; ``runner/kv_cache.py``, ``auto_kv_dtype``)."""
         if not isinstance(limit_mm_per_prompt, int) or isinstance(limit_mm_per_prompt, bool) or limit_mm_per_prompt < 0:
             raise ValueError(f"limit_mm_per_prompt must be an int >= 0, got {limit_mm_per_prompt!r}")
         cache = CacheConfig(

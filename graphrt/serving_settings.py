@@ -62,7 +62,7 @@ class ServingSettings:
     grammar_backend: str
     speculative_tokens: int = 0  # draft slots a verify graph holds; 0: no verify graphs
     speculative_method: str = ""  # "ngram", "mtp" (MTP graphs, main graphs that return hidden states)
-    kv_cache_dtype: str = "auto"  # "auto": the model's dtype; else the caches' (graph inputs of that dtype)
+    kv_cache_dtype: str = "auto"  # "auto": auto_kv_dtype's (runner/kv_cache.py); else the caches' dtype
 
     def to_dict(self) -> dict:
         d = asdict(self)

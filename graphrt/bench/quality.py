@@ -7,7 +7,8 @@ the passage's first sentence, compared position by position with fp32's. The for
 one checkpoint: a quantized GGUF is dequantised for fp32 and bf16; int8 is the fp32 model
 quantized at load; int4 is a Q4 GGUF as stored (else the fp32 model quantized at load). One more
 format is not a weight format: ``float32-bf16kv``, fp32 weights over a bf16 KV cache
-(``kv_cache_dtype="bfloat16"``).
+(``kv_cache_dtype="bfloat16"``). int8 and int4 run over their default cache, bf16 (``"auto"``
+under quantized weights); ``int8-f32kv`` and ``int4-f32kv`` keep theirs float32.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from graphrt.bench.common import machine_facts, print_facts
 
 PASSAGE = os.path.join(os.path.dirname(__file__), "data", "declaration_of_independence.txt")
-FORMATS = ("float32", "float32-bf16kv", "bfloat16", "int8", "int4")
+FORMATS = ("float32", "float32-bf16kv", "bfloat16", "int8", "int8-f32kv", "int4", "int4-f32kv")
 
 
 def _engine_args(fmt: str, model, float_model) -> tuple[object, dict]:
@@ -29,8 +30,9 @@ def _engine_args(fmt: str, model, float_model) -> tuple[object, dict]:
         return model, dict(dtype="float32", quantization="none", kv_cache_dtype="bfloat16")
     if fmt in ("float32", "bfloat16"):
         return model, dict(dtype=fmt, quantization="none")
-    source, quantization = quantized_source(model, fmt, float_model)
-    return source, dict(dtype="float32", quantization=quantization)
+    weights, _, kv = fmt.partition("-")
+    source, quantization = quantized_source(model, weights, float_model)
+    return source, dict(dtype="float32", quantization=quantization, kv_cache_dtype="float32" if kv else "auto")
 
 
 def bench_quality(model: str | None, formats: tuple[str, ...] = FORMATS, gen_len: int = 128, backend: str = "eager"):
@@ -72,6 +74,7 @@ def bench_quality(model: str | None, formats: tuple[str, ...] = FORMATS, gen_len
         same = [a == b for a, b in zip(tokens, fp32_tokens)]
         row = {
             "format": fmt,
+            "kv_cache_dtype": str(llm.engine.kv_dtype).removeprefix("torch."),
             "weight_mb": _weight_mb(llm.engine.loaded.model),
             "perplexity": math.exp(-sum(logprobs) / len(logprobs)),
             "greedy_agreement": sum(same) / len(same),
@@ -87,7 +90,8 @@ def bench_quality(model: str | None, formats: tuple[str, ...] = FORMATS, gen_len
         vs = "" if base is None else f" ({100 * row['perplexity_vs_fp32']:+.2f}% vs fp32)"
         div = row["first_divergence"]
         print(
-            f"{row['format']:>14}: {row['weight_mb']:6.0f} MB of weights, perplexity {row['perplexity']:.4f}{vs} over "
+            f"{row['format']:>14}: {row['weight_mb']:6.0f} MB of weights, {row['kv_cache_dtype']} K/V, "
+            f"perplexity {row['perplexity']:.4f}{vs} over "
             f"{len(passage) - 1} tokens; greedy agreement with fp32 {100 * row['greedy_agreement']:.1f}% of "
             f"{gen_len} tokens" + ("" if div is None else f" (first difference at token {div})")
         )

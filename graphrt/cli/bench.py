@@ -52,7 +52,8 @@ def add_parser(sub) -> None:
                 "--kv-cache-dtype",
                 default="auto",
                 choices=["auto", "float32", "bfloat16"],
-                help="graphrt's KV caches: the model's dtype, or bfloat16 under float32 weights",
+                help="graphrt's KV caches: auto (the model's dtype; bfloat16 under int4/int8 weights), float32, or "
+                "bfloat16 under float32 weights",
             )
         if name == "decode":
             k.add_argument("--plot", default=None, help="draw throughput against batch size into this PNG")
@@ -131,8 +132,9 @@ def add_parser(sub) -> None:
         if name == "quality":
             k.add_argument(
                 "--formats",
-                default="float32,float32-bf16kv,bfloat16,int8,int4",
-                help="weight formats, comma-separated (float32-bf16kv: fp32 weights over a bf16 KV cache)",
+                default="float32,float32-bf16kv,bfloat16,int8,int8-f32kv,int4,int4-f32kv",
+                help="weight formats, comma-separated (float32-bf16kv: fp32 weights over a bf16 KV cache; int8 and "
+                "int4 over their default bf16 one, int8-f32kv and int4-f32kv over a float32 one)",
             )
             k.add_argument("--gen-len", type=int, default=128, help="greedy tokens compared with fp32's")
             k.add_argument(

@@ -29,7 +29,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--kv-cache-dtype",
         default=None,
         choices=["auto", "float32", "bfloat16"],
-        help=unset + "auto (the model's dtype); bfloat16 under a float32 model halves the KV cache",
+        help=unset + "auto (the model's dtype; bfloat16 under int4/int8 weights); float32; bfloat16 under a "
+        "float32 model halves the KV cache",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

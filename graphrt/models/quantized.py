@@ -77,6 +77,11 @@ class QuantizedEmbedding(_Quantized):
         return torch.ops.graphrt.dequantize(self.qweight[ids], self.scales[ids], mins, self.dtype)
 
 
+def is_quantized(model: nn.Module) -> bool:
+    """Whether any of the model's projections holds int4 or int8 weights."""
+    return any(isinstance(m, QuantizedLinear) for m in model.modules())
+
+
 def use_quant_tiles(model: nn.Module) -> int:
     """Every quantized matrix of ``model`` as tiles (``use_tiles``); returns how many are tiles now."""
     return sum(m.use_tiles() for m in model.modules() if isinstance(m, _Quantized))

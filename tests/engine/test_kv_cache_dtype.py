@@ -77,3 +77,45 @@ def test_an_unknown_recorded_kv_cache_dtype_is_refused_by_name():
 
     with pytest.raises(ValueError, match=r"kv_cache_dtype='fp8' is not known; choose one of"):
         resolve_kv_cache_dtype("fp8", torch.float32, None, "inductor")
+
+
+def prompt_logprobs(llm, prompts):
+    outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))
+    own = [[e[t] for t, e in zip(o.prompt_token_ids[1:], o.prompt_logprobs[1:])] for o in outs]
+    return torch.cat([torch.tensor(values) for values in own])
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_weights_default_to_a_bf16_cache(tiny_model, quantization):
+    # "auto" under int4/int8 weights is bf16 K/V; "float32" keeps them float32 and is recorded as
+    # asked, so that a graph cache built with it is not read back as "auto" (bf16)
+    path = tiny_model("llama_gqa")
+    opts = dict(quantization=quantization, kv_cache_memory=4_000_000, max_model_len=128)
+    auto = make_llm(path, **opts)
+    f32 = make_llm(path, kv_cache_dtype="float32", **opts)
+    assert {c.dtype for pair in auto.engine.kv_caches for c in pair} == {torch.bfloat16}
+    assert {c.dtype for pair in f32.engine.kv_caches for c in pair} == {torch.float32}
+    assert (auto.engine.settings.kv_cache_dtype, f32.engine.settings.kv_cache_dtype) == ("auto", "float32")
+    assert auto.engine.kv_plan.bytes_per_block * 2 == f32.engine.kv_plan.bytes_per_block
+    # the cache's rounding shows in the prompt log-probabilities, and moves them far less than the
+    # weights' own rounding does (this tiny random model is far more sensitive than a trained one)
+    prompts = random_prompts([40, 17], seed=91)
+    original = prompt_logprobs(make_llm(path, kv_cache_memory=4_000_000, max_model_len=128), prompts)
+    quantized = prompt_logprobs(f32, prompts)
+    by_cache = (prompt_logprobs(auto, prompts) - quantized).abs().mean().item()
+    by_weights = (quantized - original).abs().mean().item()
+    assert 0 < by_cache < by_weights / 4, (by_cache, by_weights)
+
+
+def test_auto_keeps_the_model_dtype_where_a_bf16_cache_cannot_serve():
+    from types import SimpleNamespace
+
+    from graphrt.runner.kv_cache import auto_kv_dtype, resolve_kv_cache_dtype
+
+    plain, latent = SimpleNamespace(mla=None), SimpleNamespace(mla=object())
+    assert resolve_kv_cache_dtype("auto", torch.float32, plain, "inductor", quantized=True) == torch.bfloat16
+    assert resolve_kv_cache_dtype("auto", torch.float32, plain, "inductor", quantized=False) == torch.float32
+    assert resolve_kv_cache_dtype("float32", torch.float32, plain, "inductor", quantized=True) == torch.float32
+    assert auto_kv_dtype(torch.float32, latent, "inductor", quantized=True) == torch.float32  # a latent cache
+    assert auto_kv_dtype(torch.float32, plain, "torchair", quantized=True) == torch.float32  # TorchAir's attention
+    assert auto_kv_dtype(torch.bfloat16, plain, "eager", quantized=True) == torch.bfloat16  # the model's already

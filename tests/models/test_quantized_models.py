@@ -54,7 +54,9 @@ def test_smollm2_gguf_runs_quantized_like_its_dequantised_self():
     1e-3 in log-probability, while a wrong nibble, scale or row order moves them by whole units."""
     common = EAGER_GRAPHS
     params = SamplingParams(max_tokens=16, temperature=0, prompt_logprobs=1)
-    quantized = make_llm(None, **common)
+    # a float32 cache, as the float model's: the weights alone differ (a quantized engine's own
+    # default, a bf16 cache, is tests/engine/test_kv_cache_dtype.py's)
+    quantized = make_llm(None, kv_cache_dtype="float32", **common)
     model = quantized.engine.loaded.model
     assert isinstance(model.embed_tokens, QuantizedEmbedding) and model.embed_tokens.bits == 8
     assert isinstance(model.layers[0].mlp.down_proj, QuantizedLinear) and model.layers[0].mlp.down_proj.bits == 4
@@ -101,7 +103,7 @@ def test_quantize_at_load_runs_the_quantized_weights_exactly(tiny_model, quantiz
     params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
     kwargs = dict(max_model_len=128, kv_cache_memory=2_000_000)
     original = prompt_logprob_values(make_llm(path, **kwargs).generate(prompts, params))
-    q = make_llm(path, quantization=quantization, **kwargs)
+    q = make_llm(path, quantization=quantization, kv_cache_dtype="float32", **kwargs)  # the weights alone differ
     bits = {"int8": 8, "int4": 4}[quantization]
     model = q.engine.loaded.model
     assert {m.bits for m in model.modules() if isinstance(m, QuantizedLinear)} == {bits}

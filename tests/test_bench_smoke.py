@@ -162,3 +162,15 @@ def test_bench_roofline_prints_the_read_and_its_pages(tiny_tok_model, tmp_path, 
     assert result["bandwidth_pages"] == "4 KiB" and result["huge_pages"] is False
     assert "transformers" not in result["rows"][0]  # the roofline run leaves transformers out
     assert f"(streaming read, {result['bandwidth_pages']} pages)" in capsys.readouterr().out
+
+
+def test_bench_decode_runs_a_quantized_engine_over_its_bf16_cache(tiny_tok_model, tmp_path):
+    out = tmp_path / "decode.json"
+    args = ["--batch-sizes", "1", "--prompt-len", "8", "--gen-len", "6", "--backend", "eager", "--no-transformers"]
+    rc = main(["bench", "decode", "--model", tiny_tok_model, *args, "--quantization", "int8", "--json", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["kv_cache_dtype"] == "float32"  # the float engine's: "auto" is the model's dtype
+    q = result["rows"][0]["quantized"]["int8"]
+    assert q["kv_cache_dtype"] == "bfloat16"  # "auto" under int8 weights
+    assert q["roofline_tok_s"] > 0 and q["decode_tok_s"] > 0 and 0 <= q["same_tokens_as_fp32"] <= 1

@@ -217,6 +217,7 @@ def bench_decode(
                 qrow["same_tokens_as_llamacpp"] = qrow["tokens"][0] == qrow["llamacpp"].pop("tokens")
             q_bytes = decode_step_bytes(llm.engine.loaded.model, cfg, b, prompt_len + gen_len // 2, llm.engine.kv_dtype)
             qrow["weight_bytes"] = weight_bytes(llm.engine.loaded.model)
+            qrow["kv_cache_dtype"] = str(llm.engine.kv_dtype).removeprefix("torch.")
             qrow["roofline_tok_s"] = b * row["bandwidth_gb_s"] * 1e9 / q_bytes
             qrow["roofline_frac"] = qrow["decode_tok_s"] / qrow["roofline_tok_s"]
             qrow["vs_fp32"] = qrow["decode_tok_s"] / row["graphrt"]["decode_tok_s"]
@@ -357,7 +358,8 @@ def print_row(row: dict) -> None:
         print(
             f"batch {b:>3}  graphrt {q:<6} {r['decode_tok_s']:8.1f} tok/s  step {r['step_ms_median']:7.2f} ms  "
             f"{r['vs_fp32']:.2f}x graphrt fp32, roofline {r['roofline_tok_s']:.1f} tok/s "
-            f"({100 * r['roofline_frac']:.0f}% reached, {r['weight_bytes'] / 1e6:.0f} MB of weights), "
+            f"({100 * r['roofline_frac']:.0f}% reached, {r['weight_bytes'] / 1e6:.0f} MB of weights, "
+            f"{r['kv_cache_dtype']} K/V), "
             f"{r['same_tokens_as_fp32']}/{b} rows with fp32's tokens{steal_note(r.get('steal_frac'))}"
         )
         if "llamacpp" in r:

@@ -57,12 +57,16 @@ def test_bench_decode_writes_its_fields(tiny_tok_model, tmp_path):
     assert result["machine"]["quantized_layout"] in ("tiles", "plain")  # what a quantized engine holds here
 
 
-def test_bench_decode_over_a_bf16_kv_cache_counts_its_bytes(tiny_tok_model, tmp_path):
+def short_decode_bench(model: str, tmp_path, *flags: str) -> dict:
+    """``graphrt bench decode`` at one row of 8 + 6 tokens, eager graphs, no transformers."""
     out = tmp_path / "decode.json"
     args = ["--batch-sizes", "1", "--prompt-len", "8", "--gen-len", "6", "--backend", "eager", "--no-transformers"]
-    rc = main(["bench", "decode", "--model", tiny_tok_model, *args, "--kv-cache-dtype", "bfloat16", "--json", str(out)])
-    assert rc == 0
-    result = json.loads(out.read_text())
+    assert main(["bench", "decode", "--model", model, *args, *flags, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_bench_decode_over_a_bf16_kv_cache_counts_its_bytes(tiny_tok_model, tmp_path):
+    result = short_decode_bench(tiny_tok_model, tmp_path, "--kv-cache-dtype", "bfloat16")
     assert result["kv_cache_dtype"] == "bfloat16"
     row = result["rows"][0]
     # the roofline's step reads the weights and each row's K/V in the cache's dtype
@@ -165,11 +169,7 @@ def test_bench_roofline_prints_the_read_and_its_pages(tiny_tok_model, tmp_path, 
 
 
 def test_bench_decode_runs_a_quantized_engine_over_its_bf16_cache(tiny_tok_model, tmp_path):
-    out = tmp_path / "decode.json"
-    args = ["--batch-sizes", "1", "--prompt-len", "8", "--gen-len", "6", "--backend", "eager", "--no-transformers"]
-    rc = main(["bench", "decode", "--model", tiny_tok_model, *args, "--quantization", "int8", "--json", str(out)])
-    assert rc == 0
-    result = json.loads(out.read_text())
+    result = short_decode_bench(tiny_tok_model, tmp_path, "--quantization", "int8")
     assert result["kv_cache_dtype"] == "float32"  # the float engine's: "auto" is the model's dtype
     q = result["rows"][0]["quantized"]["int8"]
     assert q["kv_cache_dtype"] == "bfloat16"  # "auto" under int8 weights

@@ -141,6 +141,7 @@ def bench_decode(
     huge_pages: bool = True,
     kv_cache_dtype: str = "auto",
 ) -> dict:
+    from graphrt.bench.llamacpp import start_llamacpp, start_llamacpp_quantized
     from graphrt.llm import LLM
     from graphrt.runner.graph_cache import CaptureSizes
     from graphrt.runner.kv_cache import fault_in_pages
@@ -269,34 +270,6 @@ def quantized_source(model: str | None, quantization: str, float_model) -> tuple
         if kinds & {"Q4_0", "Q4_1"}:
             return path, None
     return float_model, quantization
-
-
-def start_llamacpp_quantized(model: str | None, n_ctx: int):
-    """llama.cpp on the quantized GGUF itself, without its repacking (see LlamaCpp)."""
-    from graphrt.bench.llamacpp import LlamaCpp, require_llamacpp
-    from graphrt.loader import default_model_path
-
-    require_llamacpp()
-    path = model or default_model_path()
-    if not path.endswith(".gguf"):
-        raise ValueError(f"--vs-llamacpp needs a .gguf model (llama.cpp reads GGUF only), got {path!r}")
-    return LlamaCpp(path, n_ctx, torch.get_num_threads(), repack=False)
-
-
-def start_llamacpp(model: str | None, dtype: str, n_ctx: int):
-    """llama.cpp on an F32 (fp32) or F16 (bf16) GGUF written once from the model's own GGUF."""
-
-    from graphrt.bench.llamacpp import LlamaCpp, gguf_for, require_llamacpp
-    from graphrt.kernels.native_library import cache_root
-    from graphrt.loader import default_model_path
-
-    require_llamacpp()
-    path = model or default_model_path()
-    if not path.endswith(".gguf"):
-        raise ValueError(f"--vs-llamacpp needs a .gguf model (llama.cpp reads GGUF only), got {path!r}")
-    print(f"llama.cpp: writing or reusing a dequantised copy of {os.path.basename(path)}")
-    converted = gguf_for(path, dtype, cache_root() / "llamacpp")
-    return LlamaCpp(converted, n_ctx, torch.get_num_threads())
 
 
 def write_profile(llm, prompts: list[list[int]], path: str, gen_len: int = 32) -> dict[str, float]:

@@ -127,3 +127,34 @@ class LlamaCpp:
             "n_eval": perf.n_eval,
             "tokens": tokens,
         }
+
+
+def _gguf_path(model: str | None) -> str:
+    """The model's GGUF (the embedded one by default): llama.cpp reads nothing else."""
+    from graphrt.loader import default_model_path
+
+    path = model or default_model_path()
+    if not path.endswith(".gguf"):
+        raise ValueError(f"--vs-llamacpp needs a .gguf model (llama.cpp reads GGUF only), got {path!r}")
+    return path
+
+
+def start_llamacpp_quantized(model: str | None, n_ctx: int) -> LlamaCpp:
+    """llama.cpp on the quantized GGUF itself, without its repacking (see LlamaCpp)."""
+    import torch
+
+    require_llamacpp()
+    return LlamaCpp(_gguf_path(model), n_ctx, torch.get_num_threads(), repack=False)
+
+
+def start_llamacpp(model: str | None, dtype: str, n_ctx: int) -> LlamaCpp:
+    """llama.cpp on an F32 (fp32) or F16 (bf16) GGUF written once from the model's own GGUF."""
+    import torch
+
+    from graphrt.kernels.native_library import cache_root
+
+    require_llamacpp()
+    path = _gguf_path(model)
+    print(f"llama.cpp: writing or reusing a dequantised copy of {os.path.basename(path)}")
+    converted = gguf_for(path, dtype, cache_root() / "llamacpp")
+    return LlamaCpp(converted, n_ctx, torch.get_num_threads())

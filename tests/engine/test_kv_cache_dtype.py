@@ -6,6 +6,7 @@ import torch
 
 from graphrt import SamplingParams
 from tests.helpers import EAGER_GRAPHS, drafting_always, make_llm
+from tests.models.test_quantized_models import prompt_logprob_values
 from tests.oracle import hf_greedy, random_prompts
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -81,8 +82,7 @@ def test_an_unknown_recorded_kv_cache_dtype_is_refused_by_name():
 
 def prompt_logprobs(llm, prompts):
     outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))
-    own = [[e[t] for t, e in zip(o.prompt_token_ids[1:], o.prompt_logprobs[1:])] for o in outs]
-    return torch.cat([torch.tensor(values) for values in own])
+    return torch.cat(prompt_logprob_values(outs))
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])

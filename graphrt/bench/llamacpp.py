@@ -14,6 +14,7 @@ import os
 import pathlib
 
 import numpy as np
+import torch
 
 INSTALL = "pip install -c constraints.txt 'graphrt[llamacpp]'  (builds llama.cpp from source: about 5 minutes)"
 # graphrt's dtype → the GGUF file type llama.cpp runs it in (llama.cpp has no bf16 matmul path on
@@ -141,16 +142,12 @@ def _gguf_path(model: str | None) -> str:
 
 def start_llamacpp_quantized(model: str | None, n_ctx: int) -> LlamaCpp:
     """llama.cpp on the quantized GGUF itself, without its repacking (see LlamaCpp)."""
-    import torch
-
     require_llamacpp()
     return LlamaCpp(_gguf_path(model), n_ctx, torch.get_num_threads(), repack=False)
 
 
 def start_llamacpp(model: str | None, dtype: str, n_ctx: int) -> LlamaCpp:
     """llama.cpp on an F32 (fp32) or F16 (bf16) GGUF written once from the model's own GGUF."""
-    import torch
-
     from graphrt.kernels.native_library import cache_root
 
     require_llamacpp()
